@@ -1,0 +1,144 @@
+"""GrowOnlyBuffer: a named device buffer that a captured graph can hold safely.
+
+A captured graph replays raw addresses and does not keep tensors alive, so a buffer a graph
+uses must never be replaced. This class makes that a property of the type:
+
+* it grows only while no graph holds it (``reserve`` before capture),
+* callers get row slices (``view``) of one storage, never copies,
+* ``mark_captured()`` pins the storage for the buffer's lifetime, and
+* a request beyond the pinned capacity follows a declared :class:`OverflowPolicy`.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Sequence
+
+import torch
+
+from .capture import is_capturing
+from .errors import CaptureCapacityError, CapturedBufferGrowthError
+
+
+class OverflowPolicy(str, enum.Enum):
+    """What a captured buffer does when asked for more rows than it holds.
+
+    RAISE: raise :class:`CapturedBufferGrowthError` (the q-pad rule: growing would free it).
+    TEMPORARY: an eager call gets a fresh buffer filled like a new one, which the graph never
+        sees (the counter rule); inside a capture it raises :class:`CaptureCapacityError`.
+    """
+
+    RAISE = "raise"
+    TEMPORARY = "temporary"
+
+
+class GrowOnlyBuffer:
+    """A named buffer of ``[capacity, *row_shape]`` whose storage a graph may hold.
+
+    Args:
+        name: shown in every error about this buffer.
+        row_shape: shape of one row, e.g. ``(padded_heads, 576)``.
+        dtype, device: of the storage.
+        policy: overflow policy once captured (see :class:`OverflowPolicy`).
+        rows: initial capacity in rows (allocated now when > 0).
+        fill: value every element holds at allocation (0 for padding and counters,
+            -1 for index tables). It is written once, never again by this class.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        row_shape: Sequence[int],
+        dtype: torch.dtype,
+        device: torch.device | str,
+        policy: OverflowPolicy | str = OverflowPolicy.RAISE,
+        rows: int = 0,
+        fill: float = 0,
+    ):
+        self.name = name
+        self.row_shape = tuple(int(d) for d in row_shape)
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.policy = OverflowPolicy(policy)
+        self.fill = fill
+        self._captured = False
+        self._data = self._allocate(0)
+        self.reserve(rows)
+
+    @property
+    def capacity(self) -> int:
+        """Rows the current storage holds."""
+        return self._data.shape[0]
+
+    @property
+    def captured(self) -> bool:
+        """True once a graph holds this buffer; its storage is then fixed for good."""
+        return self._captured
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """The whole storage, ``[capacity, *row_shape]``."""
+        return self._data
+
+    def data_ptr(self) -> int:
+        """Address of row 0 (stable after ``mark_captured``)."""
+        return self._data.data_ptr()
+
+    def nbytes(self) -> int:
+        """Bytes held by the storage."""
+        return self._data.numel() * self._data.element_size()
+
+    def _allocate(self, rows: int) -> torch.Tensor:
+        return torch.full((rows, *self.row_shape), self.fill, dtype=self.dtype, device=self.device)
+
+    def reserve(self, rows: int) -> None:
+        """Grow to at least ``rows`` rows. Only before capture; a no-op if already large enough.
+
+        Raises:
+            CapturedBufferGrowthError: the buffer is captured and ``rows`` exceeds its capacity.
+            CaptureCapacityError: a capture is in progress and ``rows`` exceeds the capacity.
+        """
+        rows = int(rows)
+        if rows < 0:
+            raise ValueError(f"buffer '{self.name}': rows must be >= 0, got {rows}")
+        if rows <= self.capacity:
+            return
+        if self._captured:
+            raise CapturedBufferGrowthError(self.name, self.capacity, rows)
+        if is_capturing():
+            raise CaptureCapacityError(self.name, self.capacity, rows)
+        self._data = self._allocate(rows)
+
+    def view(self, rows: int) -> torch.Tensor:
+        """A ``[rows, *row_shape]`` slice of the storage (never a copy).
+
+        Before capture it grows on demand. A view taken during a capture marks the buffer
+        captured, since the graph now holds its address. Past the captured capacity the
+        overflow policy applies (a TEMPORARY buffer returns a fresh, filled tensor).
+        """
+        rows = int(rows)
+        if rows < 0:
+            raise ValueError(f"buffer '{self.name}': rows must be >= 0, got {rows}")
+        capturing = is_capturing()
+        if rows > self.capacity:
+            if capturing:
+                raise CaptureCapacityError(self.name, self.capacity, rows)
+            if not self._captured:
+                self.reserve(rows)
+            elif self.policy is OverflowPolicy.TEMPORARY:
+                return self._allocate(rows)
+            else:
+                raise CapturedBufferGrowthError(self.name, self.capacity, rows)
+        if capturing:
+            self._captured = True
+        return self._data[:rows]
+
+    def mark_captured(self) -> None:
+        """Pin the storage: from now on it is never freed or replaced by this object."""
+        self._captured = True
+
+    def __repr__(self) -> str:
+        return (
+            f"GrowOnlyBuffer({self.name!r}, rows={self.capacity}, row_shape={self.row_shape}, "
+            f"dtype={self.dtype}, policy={self.policy.value}, captured={self._captured})"
+        )

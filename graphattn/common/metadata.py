@@ -1,0 +1,189 @@
+"""GraphMetadata: the per-step attention metadata that captured graphs hold.
+
+One object serves every graph bucket of a runner. All storage is in :class:`GrowOnlyBuffer`
+objects sized in **query rows** (a prefill chunk of N tokens is N rows), reserved before the first
+capture and pinned by it. ``refresh_`` updates per-step tensors in place for a replay and never
+replaces a tensor, the q-pad buffer, or the capture mark (HIP's breakable-graph rule, used on
+CUDA too).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .buffers import GrowOnlyBuffer, OverflowPolicy
+
+D_QK = 576  # DeepSeek MLA: 512 latent ("nope") + 64 rotary dims per query/key
+D_V = 512  # V is the first 512 columns of the latent KV
+
+
+class GraphMetadata:
+    """Persistent, graph-safe buffers for one attention backend.
+
+    Args:
+        max_rows: query rows to reserve now (``max(max_batch_size, max_num_tokens)``).
+        num_heads: query heads the caller passes.
+        topk: indices per row.
+        dtype: q/kv dtype (bf16 or fp16).
+        device: where the buffers live.
+        padded_heads: head count of the q-pad buffer; ``None`` when the kernel needs no padding.
+        counter_cols: counters per row (one per head block); 0 when no counter is used.
+        num_splits: split-KV partials per row; 0 when no workspace is used.
+        workspace_heads: heads per split partial (defaults to ``padded_heads or num_heads``).
+
+    Fields (``R`` = reserved rows):
+        q_pad: ``[R, padded_heads, d_qk]`` q dtype. Heads ``num_heads:`` are zero, written once at
+            allocation and never again; policy RAISE (the q-pad rule). ``None`` without padding.
+        counter: ``[R, counter_cols]`` int32, zeroed once; the kernel resets it to 0 after use;
+            policy TEMPORARY (the counter rule). ``None`` without a counter.
+        workspace_out: ``[R, num_splits, workspace_heads, d_v]`` float32 split partials.
+        workspace_lse: ``[R, num_splits, workspace_heads]`` float32 split log-sum-exps.
+        indices: ``[R, topk]`` int32 KV-pool rows per query row, −1 = skip; the per-step tensor
+            ``refresh_`` writes in place. Policy RAISE.
+        num_rows: live rows written by the last ``refresh_`` (host int).
+    """
+
+    def __init__(
+        self,
+        max_rows: int,
+        num_heads: int,
+        topk: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        padded_heads: int | None = None,
+        counter_cols: int = 0,
+        num_splits: int = 0,
+        workspace_heads: int | None = None,
+        d_qk: int = D_QK,
+        d_v: int = D_V,
+    ):
+        if padded_heads is not None and padded_heads < num_heads:
+            raise ValueError(f"padded_heads ({padded_heads}) must be >= num_heads ({num_heads})")
+        self.num_heads, self.topk, self.dtype = num_heads, topk, dtype
+        self.device = torch.device(device)
+        self.padded_heads, self.d_qk, self.d_v = padded_heads, d_qk, d_v
+        self.num_splits = num_splits
+        ws_heads = workspace_heads or padded_heads or num_heads
+        self._captured = False
+        self.num_rows = 0
+
+        def buf(name, row_shape, dt, policy, fill=0):
+            return GrowOnlyBuffer(name, row_shape, dt, self.device, policy, 0, fill)
+
+        self.q_pad = (
+            buf("q_pad", (padded_heads, d_qk), dtype, OverflowPolicy.RAISE)
+            if padded_heads is not None
+            else None
+        )
+        self.counter = (
+            buf("multi_cta_counter", (counter_cols,), torch.int32, OverflowPolicy.TEMPORARY)
+            if counter_cols
+            else None
+        )
+        self.workspace_out = self.workspace_lse = None
+        if num_splits:
+            self.workspace_out = buf(
+                "workspace_out", (num_splits, ws_heads, d_v), torch.float32, OverflowPolicy.TEMPORARY
+            )
+            self.workspace_lse = buf(
+                "workspace_lse", (num_splits, ws_heads), torch.float32, OverflowPolicy.TEMPORARY
+            )
+        self.indices = buf("indices", (topk,), torch.int32, OverflowPolicy.RAISE, fill=-1)
+        self.reserve(max_rows)
+
+    # -- buffers --------------------------------------------------------------------------
+    def buffers(self) -> list[GrowOnlyBuffer]:
+        """Every buffer this metadata owns."""
+        bufs = [self.q_pad, self.counter, self.workspace_out, self.workspace_lse, self.indices]
+        return [b for b in bufs if b is not None]
+
+    @property
+    def capacity(self) -> int:
+        """Rows every buffer can serve without growing."""
+        return min(b.capacity for b in self.buffers())
+
+    def reserve(self, rows: int) -> None:
+        """Grow every buffer to ``rows`` query rows (before capture only)."""
+        for b in self.buffers():
+            b.reserve(rows)
+
+    def nbytes(self) -> int:
+        """Bytes held by all buffers."""
+        return sum(b.nbytes() for b in self.buffers())
+
+    # -- the capture mark -----------------------------------------------------------------
+    @property
+    def captured(self) -> bool:
+        """True once any graph holds this metadata."""
+        return self._captured or any(b.captured for b in self.buffers())
+
+    @property
+    def q_pad_captured(self) -> bool:
+        """The q-pad mark: True once a graph holds the q-pad buffer; growth then fails."""
+        return self._captured or (self.q_pad is not None and self.q_pad.captured)
+
+    def mark_captured(self) -> None:
+        """Pin every buffer (a capture calls this; it is never undone)."""
+        self._captured = True
+        for b in self.buffers():
+            b.mark_captured()
+
+    # -- per-call slices ------------------------------------------------------------------
+    def zero_padded_q(self, q: torch.Tensor) -> torch.Tensor:
+        """Copy ``q [rows, num_heads, d_qk]`` into a row slice of the q-pad buffer.
+
+        Returns ``[rows, padded_heads, d_qk]`` whose extra heads are zero (the padding is never
+        written, so it stays as allocated).
+        """
+        if self.q_pad is None:
+            raise RuntimeError("this metadata has no q-pad buffer (padded_heads=None)")
+        expected = (self.num_heads, self.d_qk)
+        if q.dim() != 3 or tuple(q.shape[1:]) != expected or q.dtype != self.dtype:
+            raise ValueError(
+                f"zero_padded_q: expected q [rows, {expected[0]}, {expected[1]}] {self.dtype}, "
+                f"got {tuple(q.shape)} {q.dtype}"
+            )
+        padded = self.q_pad.view(q.shape[0])
+        padded[:, : self.num_heads].copy_(q)
+        return padded
+
+    def counter_for(self, rows: int) -> torch.Tensor:
+        """``[rows, counter_cols]`` int32 zeros: captured storage, or an eager temporary."""
+        if self.counter is None:
+            raise RuntimeError("this metadata has no multi-CTA counter (counter_cols=0)")
+        return self.counter.view(rows)
+
+    def workspace_for(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Split-KV partials ``([rows, S, Hw, d_v], [rows, S, Hw])`` float32."""
+        if self.workspace_out is None or self.workspace_lse is None:
+            raise RuntimeError("this metadata has no split-KV workspace (num_splits=0)")
+        return self.workspace_out.view(rows), self.workspace_lse.view(rows)
+
+    def indices_for(self, rows: int) -> torch.Tensor:
+        """``[rows, topk]`` int32 slice of the persistent index table."""
+        return self.indices.view(rows)
+
+    # -- replays --------------------------------------------------------------------------
+    def refresh_(self, indices: torch.Tensor, pad_to: int | None = None) -> None:
+        """Write a step's ``indices [n, topk]`` into the persistent table, in place.
+
+        Rows ``n:pad_to`` are set to −1 (inert padding rows of a graph bucket). No tensor,
+        buffer or mark is replaced; a captured table cannot grow.
+        """
+        if indices.dim() != 2 or indices.shape[1] != self.topk:
+            raise ValueError(
+                f"refresh_: expected indices [rows, {self.topk}], got {tuple(indices.shape)}"
+            )
+        n = indices.shape[0]
+        rows = max(n, pad_to or 0)
+        table = self.indices.view(rows)
+        table[:n].copy_(indices)
+        table[n:].fill_(-1)
+        self.num_rows = n
+
+    def __repr__(self) -> str:
+        return (
+            f"GraphMetadata(rows={self.capacity}, heads={self.num_heads}, "
+            f"padded_heads={self.padded_heads}, topk={self.topk}, dtype={self.dtype}, "
+            f"captured={self.captured})"
+        )

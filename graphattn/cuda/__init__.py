@@ -1,0 +1,1 @@
+"""NVIDIA platform: device facts, the CUDA graph segment, and Triton launch settings."""
