@@ -1,0 +1,26 @@
+"""Launch settings for the Triton interpreter (no GPU: CPU platform, or cuda/hip forced on CPU).
+
+The interpreter runs one program at a time in numpy, so tiles are small; ``target_programs``
+asks for many programs so that small test shapes still exercise split-KV (several splits per
+row, a combine, the trtllm counter). Keys: see ``graphattn.kernels.plan``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_SPLIT = {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1,
+          "max_splits": 4, "min_split_blocks": 1, "target_programs": 64}
+_CONFIGS: dict[str, dict[str, Any]] = {
+    "flashmla": _SPLIT,
+    "trtllm": _SPLIT,
+    "mega": {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+    "flashmla_combine": {"num_warps": 4, "num_stages": 1},
+}
+
+
+def interpreter_config(path: str, **shape: Any) -> dict[str, Any]:
+    """Interpreter launch settings for kernel ``path`` (the shape does not change them)."""
+    if path not in _CONFIGS:
+        raise ValueError(f"Unknown kernel path: {path!r}. Valid options are: {', '.join(_CONFIGS)}")
+    return dict(_CONFIGS[path])

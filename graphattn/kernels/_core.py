@@ -1,0 +1,144 @@
+"""Shared ``@triton.jit`` building blocks of the sparse MLA kernels (no launches here).
+
+Every path computes, for one query row and a block of ``BLOCK_H`` heads, online-softmax attention
+over a range of the row's top-k indices. The 576-wide QK dot product is split into the 512
+"nope" columns and the 64 "rope" columns (two ``tl.dot`` calls: 576 is not a power of two), and
+the gathered 512-column tile is reused as V, so each KV row is read once per head block.
+
+Conventions shared by all kernels:
+  * scores are kept in base 2 (``qk_scale = sm_scale * log2(e)``) so ``exp2`` can be used;
+    the lse that leaves a kernel is in natural log.
+  * an index outside ``[0, pool)`` (−1 included) is skipped: its KV row is never read
+    (masked load) and its score is −inf. Duplicates count as many times as they appear.
+  * a split partial is stored **normalised**: ``out_s = sum(p·v) / sum(p)`` in float32 and
+    ``lse_s`` (natural log, −inf for a split with no valid index, whose ``out_s`` is 0).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _load_q(q_ptr, row, h_offs, H, stride_qr, stride_qh,
+            D_NOPE: tl.constexpr, D_ROPE: tl.constexpr, DOT_F32: tl.constexpr):
+    """q tiles of one row: ``q_nope [BLOCK_H, D_NOPE]``, ``q_rope [BLOCK_H, D_ROPE]``."""
+    h_mask = h_offs < H
+    base = q_ptr + row.to(tl.int64) * stride_qr + h_offs[:, None] * stride_qh
+    q_nope = tl.load(base + tl.arange(0, D_NOPE)[None, :], mask=h_mask[:, None], other=0.0)
+    q_rope = tl.load(base + D_NOPE + tl.arange(0, D_ROPE)[None, :], mask=h_mask[:, None], other=0.0)
+    if DOT_F32:
+        # The Triton interpreter's bf16 tl.dot is wrong (triton 3.9); fp32 dots are exact.
+        q_nope = q_nope.to(tl.float32)
+        q_rope = q_rope.to(tl.float32)
+    return q_nope, q_rope
+
+
+@triton.jit
+def _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_row_ptr, pool, start, end, qk_scale,
+                  BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr,
+                  D_ROPE: tl.constexpr, DOT_F32: tl.constexpr):
+    """Online softmax over indices ``[start, end)`` of one row.
+
+    Returns ``acc [BLOCK_H, D_NOPE]`` (un-normalised, f32), ``m [BLOCK_H]`` (running max of the
+    base-2 scores, −inf while nothing valid was seen) and ``l [BLOCK_H]`` (sum of exp2).
+    """
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_NOPE)
+    offs_r = tl.arange(0, D_ROPE)
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, D_NOPE], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        cols = n0 + offs_n
+        idx = tl.load(idx_row_ptr + cols, mask=cols < end, other=-1)
+        valid = (idx >= 0) & (idx < pool)  # out-of-range indices are skipped, never read
+        kv_row = kv_ptr + tl.where(valid, idx, 0).to(tl.int64)[:, None] * stride_kv
+        k_nope = tl.load(kv_row + offs_d[None, :], mask=valid[:, None], other=0.0)
+        k_rope = tl.load(kv_row + D_NOPE + offs_r[None, :], mask=valid[:, None], other=0.0)
+        if DOT_F32:
+            k_nope = k_nope.to(tl.float32)
+            k_rope = k_rope.to(tl.float32)
+        s = tl.dot(q_nope, tl.trans(k_nope))
+        s = tl.dot(q_rope, tl.trans(k_rope), s)
+        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        # While a row has seen nothing valid m_new is -inf; subtract 0 instead (no inf - inf).
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m - m_ref)
+        p = tl.math.exp2(s - m_ref[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(k_nope.dtype), k_nope, acc)
+        m = m_new
+    return acc, m, l
+
+
+@triton.jit
+def _finalize(acc, m, l):
+    """Normalise one partial: ``out = acc / l`` (0 where l == 0), natural-log lse (−inf there)."""
+    empty = l == 0.0
+    out = acc / tl.where(empty, 1.0, l)[:, None]
+    lse = tl.where(empty, float("-inf"), (m + tl.math.log2(tl.where(empty, 1.0, l))) * 0.6931471805599453)
+    return out, lse
+
+
+@triton.jit
+def _store_final(out_ptr, lse_ptr, row, h_offs, H, out, lse, D_NOPE: tl.constexpr):
+    """Write ``out [BLOCK_H, D_NOPE]`` (cast to the output dtype) and ``lse`` of one row.
+
+    ``out`` is ``[rows, H, D_NOPE]`` contiguous and ``lse`` ``[rows, H]`` contiguous.
+    """
+    h_mask = h_offs < H
+    rh = row.to(tl.int64) * H + h_offs
+    o_ptrs = out_ptr + rh[:, None] * D_NOPE + tl.arange(0, D_NOPE)[None, :]
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=h_mask[:, None])
+    tl.store(lse_ptr + rh, lse, mask=h_mask)
+
+
+@triton.jit
+def _store_partial(ws_out_ptr, ws_lse_ptr, row, split, h_offs, H, out, lse,
+                   stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, D_NOPE: tl.constexpr):
+    """Write one normalised split partial to ``ws_out[row, split, h, :]`` / ``ws_lse[row, split, h]``."""
+    h_mask = h_offs < H
+    o_ptrs = (ws_out_ptr + row.to(tl.int64) * stride_wr + split * stride_ws
+              + h_offs[:, None] * stride_wh + tl.arange(0, D_NOPE)[None, :])
+    tl.store(o_ptrs, out, mask=h_mask[:, None])
+    tl.store(ws_lse_ptr + row.to(tl.int64) * stride_lr + split * stride_ls + h_offs, lse, mask=h_mask)
+
+
+@triton.jit
+def _combine_splits(ws_out_ptr, ws_lse_ptr, row, h_offs, H, num_splits,
+                    stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+                    BLOCK_H: tl.constexpr, D_NOPE: tl.constexpr, CACHE: tl.constexpr):
+    """Merge ``num_splits`` normalised partials of one row and head block (natural-log lse).
+
+    Returns ``out [BLOCK_H, D_NOPE]`` f32 and ``lse [BLOCK_H]``; a head whose every split is
+    empty gets out 0 and lse −inf. ``CACHE`` is the load cache modifier (``".cg"`` when the
+    partials were written by other programs of the same launch: read them from L2, not L1).
+    """
+    h_mask = h_offs < H
+    o_base = (ws_out_ptr + row.to(tl.int64) * stride_wr + h_offs[:, None] * stride_wh
+              + tl.arange(0, D_NOPE)[None, :])
+    l_base = ws_lse_ptr + row.to(tl.int64) * stride_lr + h_offs
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    w_sum = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, D_NOPE], tl.float32)
+    for s in range(0, num_splits):
+        lse_s = tl.load(l_base + s * stride_ls, mask=h_mask, other=float("-inf"), cache_modifier=CACHE)
+        o_s = tl.load(o_base + s * stride_ws, mask=h_mask[:, None], other=0.0, cache_modifier=CACHE)
+        m_new = tl.maximum(m, lse_s)
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - m_ref)
+        w = tl.exp(lse_s - m_ref)
+        w_sum = w_sum * alpha + w
+        acc = acc * alpha[:, None] + w[:, None] * o_s
+        m = m_new
+    empty = w_sum == 0.0
+    out = acc / tl.where(empty, 1.0, w_sum)[:, None]
+    lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, w_sum)))
+    return out, lse

@@ -1,0 +1,131 @@
+"""Compile every kernel ahead of time for sm_90, gfx942 and gfx950 (no GPU needed).
+
+Run as ``TRITON_INTERPRET=0 python -m graphattn.kernels.aot [--targets sm90 gfx942 gfx950]``.
+``TRITON_INTERPRET=0`` must be set explicitly on a machine without a GPU, because
+``graphattn.kernels`` otherwise switches to the interpreter, whose kernels cannot be compiled.
+
+Every distinct launch setting that ``graphattn.cuda.configs`` / ``graphattn.hip.configs`` can
+choose is compiled (bf16, the general split path); the direct-store variants and fp16 are
+compiled once per kernel. Prints one JSON line per compile and exits 1 if any failed.
+Works with the ``ASTSource(fn, signature, constexprs)`` API of triton 3.3 to 3.9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from .plan import launch_parts
+
+TARGETS = {"sm90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64), "gfx950": ("hip", "gfx950", 64)}
+# kernel name -> (module, function, config path)
+KERNELS = {
+    "flashmla_split": ("graphattn.kernels.flashmla", "_flashmla_split_kernel", "flashmla"),
+    "flashmla_combine": ("graphattn.kernels.flashmla", "_flashmla_combine_kernel", "flashmla_combine"),
+    "trtllm": ("graphattn.kernels.trtllm", "_trtllm_kernel", "trtllm"),
+    "mega": ("graphattn.kernels.mega", "_mega_kernel", "mega"),
+}
+_F32_PTRS = ("ws_out_ptr", "ws_lse_ptr", "lse_ptr")
+_I32_PTRS = ("idx_ptr", "counter_ptr")
+
+
+def _arg_type(name: str, dtype: str, constexprs: dict[str, Any]) -> str:
+    if name in constexprs:
+        return "constexpr"
+    if name.endswith("_ptr"):
+        return "*fp32" if name in _F32_PTRS else "*i32" if name in _I32_PTRS else f"*{dtype}"
+    return "fp32" if name == "qk_scale" else "i32"
+
+
+def _configs(path: str, target: str) -> list[dict[str, Any]]:
+    if target == "sm90":
+        from ..cuda import configs as cuda_configs
+
+        return cuda_configs.all_configs(path)
+    from ..hip import configs as hip_configs
+
+    return hip_configs.all_configs(path, target)
+
+
+_FIXED = {"D_NOPE": 512, "D_ROPE": 64, "DOT_F32": False, "DIRECT": False, "BLOCK_S": 32}
+
+
+def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, Any], str]]:
+    """Distinct ``(kernel, target, constexprs, options, dtype)`` compiles."""
+    out, seen = [], set()
+    for target in targets:
+        for kernel, (_, _, path) in KERNELS.items():
+            names = _arg_names(kernel)
+            for i, cfg in enumerate(_configs(path, target)):
+                meta, opts = launch_parts(cfg)
+                meta.update({k: v for k, v in _FIXED.items() if k in names})
+                variants = [("bf16", {})]
+                if i == 0:  # dtype and the direct store do not depend on the tile settings
+                    variants.append(("fp16", {}))
+                    if "DIRECT" in names:
+                        variants.append(("bf16", {"DIRECT": True}))
+                for dtype, extra in variants:
+                    job = (kernel, target, {**meta, **extra}, opts, dtype)
+                    key = json.dumps(job, sort_keys=True)
+                    if key not in seen:
+                        seen.add(key)
+                        out.append(job)
+    return out
+
+
+def _kernel_fn(kernel: str):
+    import importlib
+
+    module, fn, _ = KERNELS[kernel]
+    return getattr(importlib.import_module(module), fn)
+
+
+def _arg_names(kernel: str) -> list[str]:
+    return list(_kernel_fn(kernel).arg_names)
+
+
+def compile_one(job: tuple[str, str, dict[str, Any], dict[str, Any], str]) -> dict[str, Any]:
+    """Compile one job; returns a JSON-able record (``ok`` False with the error on failure)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    kernel, target, meta, opts, dtype = job
+    fn = _kernel_fn(kernel)
+    record = {"kernel": kernel, "target": target, "dtype": dtype, "constexprs": meta, "options": opts}
+    if not isinstance(fn, triton.runtime.jit.JITFunction):
+        return {**record, "ok": False, "error": f"{type(fn).__name__} is not a JITFunction: set TRITON_INTERPRET=0"}
+    signature = {name: _arg_type(name, dtype, meta) for name in fn.arg_names}
+    t0 = time.perf_counter()
+    try:
+        src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=meta)
+        compiled = triton.compile(src, target=GPUTarget(*TARGETS[target]), options=opts)
+    except Exception as exc:  # report every failure, not only the first
+        return {**record, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+    asm = "ptx" if target == "sm90" else "amdgcn"
+    return {
+        **record, "ok": asm in compiled.asm, "seconds": round(time.perf_counter() - t0, 2),
+        "shared_bytes": compiled.metadata.shared,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", nargs="+", default=list(TARGETS), choices=list(TARGETS))
+    parser.add_argument("--jobs", type=int, default=2, help="parallel compile processes")
+    args = parser.parse_args(argv)
+    todo = jobs(args.targets)
+    failed = 0
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for record in pool.map(compile_one, todo):
+            failed += not record["ok"]
+            print(json.dumps(record, sort_keys=True), flush=True)
+    print(json.dumps({"compiled": len(todo) - failed, "failed": failed}), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

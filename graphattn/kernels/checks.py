@@ -1,0 +1,114 @@
+"""Input checks of the kernel ops: each failure says what was expected, what came, and the fix.
+
+Shared by the real implementations and the fake (meta) ones, so ``torch.compile`` tracing
+rejects bad inputs the same way an eager call does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..common.metadata import D_QK, D_V
+from ..common.platform import current_platform
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _shape(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(t.shape)
+
+
+def check_attention_inputs(path: str, q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor) -> None:
+    """Check ``q [rows, H, 576]``, ``kv [pool, 576]``, ``indices [rows, topk] int32``.
+
+    Requirements: q and kv both bf16 or both fp16; the last dim of q, kv and indices has
+    stride 1 (other strides are free, e.g. a head slice of a larger q); all on one device of
+    the current platform.
+    """
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{path}: q must be bfloat16 or float16, got {q.dtype}; cast q first")
+    if kv.dtype != q.dtype:
+        raise TypeError(f"{path}: kv dtype must equal q dtype {q.dtype}, got {kv.dtype}")
+    if indices.dtype != torch.int32:
+        raise TypeError(f"{path}: indices must be int32, got {indices.dtype}; use indices.int()")
+    if q.dim() != 3 or q.shape[2] != D_QK:
+        raise ValueError(f"{path}: q must be [rows, heads, {D_QK}], got {_shape(q)}")
+    if kv.dim() != 2 or kv.shape[1] != D_QK:
+        raise ValueError(
+            f"{path}: kv must be [pool_tokens, {D_QK}] (V = kv[:, :{D_V}]), got {_shape(kv)}; "
+            "flatten a paged cache to [pages * page_size, 576]"
+        )
+    if indices.dim() != 2 or indices.shape[0] != q.shape[0]:
+        raise ValueError(
+            f"{path}: indices must be [rows={q.shape[0]}, topk], got {_shape(indices)}"
+        )
+    if q.shape[1] < 1 or indices.shape[1] < 1 or kv.shape[0] < 1:
+        raise ValueError(
+            f"{path}: heads, topk and pool_tokens must be >= 1, got q {_shape(q)}, "
+            f"kv {_shape(kv)}, indices {_shape(indices)}"
+        )
+    for name, t in (("q", q), ("kv", kv), ("indices", indices)):
+        if t.stride(-1) != 1:
+            raise ValueError(
+                f"{path}: {name} needs a contiguous last dim (stride 1), got strides "
+                f"{t.stride()}; pass {name}.contiguous()"
+            )
+    check_devices(path, q, kv=kv, indices=indices)
+
+
+def check_devices(path: str, q: torch.Tensor, **others: torch.Tensor) -> None:
+    """All tensors on q's device, and that device of the platform's kind (cpu only if no GPU)."""
+    want = current_platform().device.type
+    if q.device.type not in (want, "meta"):
+        raise ValueError(f"{path}: tensors must be on {want!r} on this platform, q is on {q.device}")
+    for name, t in others.items():
+        if t.device != q.device:
+            raise ValueError(f"{path}: {name} is on {t.device} but q is on {q.device}; move it")
+
+
+def check_workspace(path: str, q: torch.Tensor, ws_out: torch.Tensor, ws_lse: torch.Tensor) -> None:
+    """``ws_out [>=rows, S, >=H, 512]`` f32, ``ws_lse [>=rows, S, >=H]`` f32, S >= 1."""
+    rows, heads = q.shape[0], q.shape[1]
+    fix = "size GraphMetadata with graphattn.kernels.split_plan(...) and pass workspace_for(rows)"
+    if ws_out.dtype != torch.float32 or ws_lse.dtype != torch.float32:
+        raise TypeError(f"{path}: workspace must be float32, got {ws_out.dtype}/{ws_lse.dtype}")
+    if ws_out.dim() != 4 or ws_out.shape[3] != D_V or ws_lse.dim() != 3:
+        raise ValueError(
+            f"{path}: expected ws_out [rows, splits, heads, {D_V}] and ws_lse [rows, splits, heads], "
+            f"got {_shape(ws_out)} and {_shape(ws_lse)}; {fix}"
+        )
+    if _shape(ws_out)[:3] != _shape(ws_lse):
+        raise ValueError(f"{path}: ws_out {_shape(ws_out)} and ws_lse {_shape(ws_lse)} disagree; {fix}")
+    if ws_out.shape[0] < rows or ws_out.shape[2] < heads or ws_out.shape[1] < 1:
+        raise ValueError(
+            f"{path}: workspace too small: holds {ws_out.shape[0]} rows x {ws_out.shape[1]} splits x "
+            f"{ws_out.shape[2]} heads, need >= {rows} rows x 1 split x {heads} heads; {fix}"
+        )
+    if ws_out.stride(-1) != 1 or ws_lse.stride(-1) != 1:
+        raise ValueError(f"{path}: workspace needs a contiguous last dim (stride 1); {fix}")
+    check_devices(path, q, ws_out=ws_out, ws_lse=ws_lse)
+
+
+def check_counter(path: str, q: torch.Tensor, counter: torch.Tensor, head_blocks: int) -> None:
+    """``counter [>=rows, >=head_blocks]`` int32 with a contiguous last dim, all zeros."""
+    fix = "use GraphMetadata(counter_cols=split_plan('trtllm', heads, topk).counter_cols).counter_for(rows)"
+    if counter.dtype != torch.int32:
+        raise TypeError(f"{path}: counter must be int32, got {counter.dtype}; {fix}")
+    if counter.dim() != 2 or counter.shape[0] < q.shape[0] or counter.shape[1] < head_blocks:
+        raise ValueError(
+            f"{path}: counter must be [>= {q.shape[0]} rows, >= {head_blocks} head blocks], got "
+            f"{_shape(counter)}; {fix}"
+        )
+    if counter.stride(-1) != 1:
+        raise ValueError(f"{path}: counter needs a contiguous last dim (stride 1); {fix}")
+    check_devices(path, q, counter=counter)
+
+
+def check_padded_heads(path: str, q: torch.Tensor) -> None:
+    """The flashmla path needs heads to be a multiple of the platform's head_pad_multiple."""
+    mult = current_platform().head_pad_multiple
+    if q.shape[1] % mult:
+        raise ValueError(
+            f"{path}: heads must be a multiple of {mult}, got {q.shape[1]}; pad q with "
+            "GraphMetadata(padded_heads=...).zero_padded_q(q), or use the trtllm/mega path"
+        )

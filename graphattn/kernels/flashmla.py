@@ -1,0 +1,152 @@
+"""flashmla-style sparse MLA: padded heads, split-KV partials in a workspace, separate combine.
+
+Launch 1 (``_flashmla_split_kernel``): one program per (row, split, head block) attends over its
+slice of the row's top-k and writes a normalised partial (out f32, natural-log lse) into the
+caller's workspace. Launch 2 (``_flashmla_combine_kernel``) merges the partials. With a single
+split the first launch writes ``out``/``lse`` directly and the combine is skipped.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common.metadata import D_V
+from ..common.platform import current_platform
+from . import checks
+from ._core import LOG2E, _attend_range, _finalize, _load_q, _store_final, _store_partial
+from .plan import cdiv, choose_splits, launch_parts, path_config
+
+PATH = "flashmla"
+
+
+@triton.jit
+def _flashmla_split_kernel(
+    q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+    H, pool, topk, split_len, num_splits, qk_scale,
+    stride_qr, stride_qh, stride_kv, stride_ir,
+    stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
+    DIRECT: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    # Flat grid, head block fastest: the head blocks of one row run together and share its
+    # gathered KV through L2.
+    pid = tl.program_id(0)
+    head_blocks = tl.cdiv(H, BLOCK_H)
+    hb = pid % head_blocks
+    split = (pid // head_blocks) % num_splits
+    row = pid // (head_blocks * num_splits)
+    h_offs = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    q_nope, q_rope = _load_q(q_ptr, row, h_offs, H, stride_qr, stride_qh, D_NOPE, D_ROPE, DOT_F32)
+    start = split * split_len
+    end = tl.minimum(start + split_len, topk)
+    acc, m, l = _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_ptr + row.to(tl.int64) * stride_ir,
+                              pool, start, end, qk_scale, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32)
+    out, lse = _finalize(acc, m, l)
+    if DIRECT:
+        _store_final(out_ptr, lse_ptr, row, h_offs, H, out, lse, D_NOPE)
+    else:
+        _store_partial(ws_out_ptr, ws_lse_ptr, row, split, h_offs, H, out, lse,
+                       stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, D_NOPE)
+
+
+@triton.jit
+def _flashmla_combine_kernel(
+    ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr, H, num_splits,
+    stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+    BLOCK_S: tl.constexpr, D_NOPE: tl.constexpr,
+):
+    # One program per (row, head): all of its splits are loaded as one [BLOCK_S, D_NOPE] tile,
+    # so the combine pays one memory latency instead of one per split.
+    pid = tl.program_id(0)
+    h = pid % H
+    row = (pid // H).to(tl.int64)
+    s_offs = tl.arange(0, BLOCK_S)
+    s_mask = s_offs < num_splits
+    lse_s = tl.load(ws_lse_ptr + row * stride_lr + s_offs * stride_ls + h, mask=s_mask, other=float("-inf"))
+    m = tl.max(lse_s, 0)
+    m_ref = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse_s - m_ref)  # 0 for empty and unused splits
+    w_sum = tl.sum(w, 0)
+    d = tl.arange(0, D_NOPE)
+    o_ptrs = ws_out_ptr + row * stride_wr + s_offs[:, None] * stride_ws + h * stride_wh + d[None, :]
+    o_s = tl.load(o_ptrs, mask=s_mask[:, None], other=0.0)
+    out = tl.sum(w[:, None] * o_s, 0) / tl.where(w_sum == 0.0, 1.0, w_sum)
+    lse = tl.where(w_sum == 0.0, float("-inf"), m_ref + tl.log(tl.where(w_sum == 0.0, 1.0, w_sum)))
+    tl.store(out_ptr + (row * H + h) * D_NOPE + d, out.to(out_ptr.dtype.element_ty))
+    tl.store(lse_ptr + row * H + h, lse)
+
+
+def _launch_flashmla(q, kv, indices, sm_scale, ws_out, ws_lse, out, lse):
+    """Launch both kernels; returns the compiled split kernel (for n_regs/n_spills reports)."""
+    rows, heads, d_qk = q.shape
+    topk = indices.shape[1]
+    cfg = path_config(PATH, rows, heads, topk)
+    splits = min(choose_splits(rows, heads, topk, cfg), ws_out.shape[1])
+    meta, opts = launch_parts(cfg)
+    split_len = cdiv(cdiv(topk, splits), meta["BLOCK_N"]) * meta["BLOCK_N"]
+    splits = cdiv(topk, split_len)  # rounding split_len up can leave trailing splits empty
+    interp = current_platform().uses_triton_interpreter
+    grid = (rows * splits * cdiv(heads, meta["BLOCK_H"]),)
+    handle = _flashmla_split_kernel[grid](
+        q, kv, indices, ws_out, ws_lse, out, lse,
+        heads, kv.shape[0], topk, split_len, splits, sm_scale * LOG2E,
+        q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
+        ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0), ws_lse.stride(1),
+        D_NOPE=D_V, D_ROPE=d_qk - D_V, DIRECT=splits == 1, DOT_F32=interp, **meta, **opts,
+    )
+    if splits == 1:
+        return handle
+    ccfg = path_config(PATH + "_combine", rows, heads, topk)
+    cmeta, copts = launch_parts(ccfg)
+    _flashmla_combine_kernel[(rows * heads,)](
+        ws_out, ws_lse, out, lse, heads, splits,
+        ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0), ws_lse.stride(1),
+        BLOCK_S=max(2, triton.next_power_of_2(splits)), D_NOPE=D_V, **cmeta, **copts,
+    )
+    return handle
+
+
+def _check(q, kv, indices, ws_out, ws_lse) -> None:
+    checks.check_attention_inputs(PATH, q, kv, indices)
+    checks.check_padded_heads(PATH, q)
+    checks.check_workspace(PATH, q, ws_out, ws_lse)
+
+
+@torch.library.custom_op("graphattn::sparse_mla_flashmla", mutates_args=("ws_out", "ws_lse"))
+def sparse_mla_flashmla(
+    q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float,
+    ws_out: torch.Tensor, ws_lse: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """flashmla-style sparse MLA attention with split-KV partials in a caller workspace.
+
+    Args:
+        q: ``[rows, H, 576]`` bf16/fp16, ``H % current_platform().head_pad_multiple == 0``
+            (pad with ``GraphMetadata.zero_padded_q``); last dim contiguous.
+        kv: ``[pool_tokens, 576]`` same dtype (V = ``kv[:, :512]``); last dim contiguous.
+        indices: ``[rows, topk]`` int32 pool rows; −1 **or any value outside
+            ``[0, pool_tokens)``** is skipped (never read); duplicates count each time.
+        sm_scale: softmax scale applied to ``q·k``.
+        ws_out: ``[>=rows, S, >=H, 512]`` f32 workspace (``GraphMetadata.workspace_for(rows)``),
+            overwritten with normalised split partials; the op uses at most ``S`` splits.
+        ws_lse: ``[>=rows, S, >=H]`` f32 workspace (split lse, natural log).
+
+    Returns:
+        ``out [rows, H, 512]`` in q's dtype and ``lse [rows, H]`` f32 (natural log); a row with
+        no valid index gives out 0 and lse −inf.
+    """
+    _check(q, kv, indices, ws_out, ws_lse)
+    rows, heads, _ = q.shape
+    out = torch.empty(rows, heads, D_V, dtype=q.dtype, device=q.device)
+    lse = torch.empty(rows, heads, dtype=torch.float32, device=q.device)
+    if rows:
+        _launch_flashmla(q, kv, indices, sm_scale, ws_out, ws_lse, out, lse)
+    return out, lse
+
+
+@sparse_mla_flashmla.register_fake
+def _(q, kv, indices, sm_scale, ws_out, ws_lse):
+    _check(q, kv, indices, ws_out, ws_lse)
+    rows, heads, _ = q.shape
+    return q.new_empty(rows, heads, D_V), q.new_empty(rows, heads, dtype=torch.float32)

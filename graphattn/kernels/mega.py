@@ -1,0 +1,88 @@
+"""flashmla_mega-style sparse MLA: any head count, no workspace, one pass over the top-k.
+
+One program per (row, head block) streams the row's whole top-k once and writes ``out``/``lse``
+directly. Nothing is split, so it fills the device only when ``rows x head blocks`` is large
+(prefill, big decode batches); it needs no workspace and no counter.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common.metadata import D_V
+from ..common.platform import current_platform
+from . import checks
+from ._core import LOG2E, _attend_range, _finalize, _load_q, _store_final
+from .plan import cdiv, launch_parts, path_config
+
+PATH = "mega"
+
+
+@triton.jit
+def _mega_kernel(
+    q_ptr, kv_ptr, idx_ptr, out_ptr, lse_ptr,
+    H, pool, topk, qk_scale, stride_qr, stride_qh, stride_kv, stride_ir,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    # Head block fastest: the programs of one row run together and share its KV through L2.
+    pid = tl.program_id(0)
+    head_blocks = tl.cdiv(H, BLOCK_H)
+    hb = pid % head_blocks
+    row = pid // head_blocks
+    h_offs = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    q_nope, q_rope = _load_q(q_ptr, row, h_offs, H, stride_qr, stride_qh, D_NOPE, D_ROPE, DOT_F32)
+    acc, m, l = _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_ptr + row.to(tl.int64) * stride_ir,
+                              pool, 0, topk, qk_scale, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32)
+    out, lse = _finalize(acc, m, l)
+    _store_final(out_ptr, lse_ptr, row, h_offs, H, out, lse, D_NOPE)
+
+
+def _launch_mega(q, kv, indices, sm_scale, out, lse):
+    """Launch; returns the compiled kernel (its n_regs/n_spills feed the benchmark report)."""
+    rows, heads, d_qk = q.shape
+    topk = indices.shape[1]
+    meta, opts = launch_parts(path_config(PATH, rows, heads, topk))
+    grid = (rows * cdiv(heads, meta["BLOCK_H"]),)
+    return _mega_kernel[grid](
+        q, kv, indices, out, lse,
+        heads, kv.shape[0], topk, sm_scale * LOG2E,
+        q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
+        D_NOPE=D_V, D_ROPE=d_qk - D_V, DOT_F32=current_platform().uses_triton_interpreter,
+        **meta, **opts,
+    )
+
+
+@torch.library.custom_op("graphattn::sparse_mla_mega", mutates_args=())
+def sparse_mla_mega(
+    q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """flashmla_mega-style sparse MLA attention: one program per (row, head block), no workspace.
+
+    Args:
+        q: ``[rows, H, 576]`` bf16/fp16, any ``H >= 1``; last dim contiguous.
+        kv: ``[pool_tokens, 576]`` same dtype (V = ``kv[:, :512]``); last dim contiguous.
+        indices: ``[rows, topk]`` int32; −1 **or any value outside ``[0, pool_tokens)``** is
+            skipped (never read); duplicates count each time.
+        sm_scale: softmax scale applied to ``q·k``.
+
+    Returns:
+        ``out [rows, H, 512]`` in q's dtype and ``lse [rows, H]`` f32 (natural log); a row with
+        no valid index gives out 0 and lse −inf.
+    """
+    checks.check_attention_inputs(PATH, q, kv, indices)
+    rows, heads, _ = q.shape
+    out = torch.empty(rows, heads, D_V, dtype=q.dtype, device=q.device)
+    lse = torch.empty(rows, heads, dtype=torch.float32, device=q.device)
+    if rows:
+        _launch_mega(q, kv, indices, sm_scale, out, lse)
+    return out, lse
+
+
+@sparse_mla_mega.register_fake
+def _(q, kv, indices, sm_scale):
+    checks.check_attention_inputs(PATH, q, kv, indices)
+    rows, heads, _ = q.shape
+    return q.new_empty(rows, heads, D_V), q.new_empty(rows, heads, dtype=torch.float32)

@@ -1,0 +1,97 @@
+"""Split-KV planning shared by the kernel launchers: how many splits, and the workspace bound.
+
+A launch config (from ``current_platform().kernel_config(path, rows=, heads=, topk=)``) is a
+dict: upper-case keys are kernel constexprs (``BLOCK_H``, ``BLOCK_N``), lower-case keys are
+Triton launch options (``num_warps``, ``num_stages``, and on AMD ``waves_per_eu``,
+``matrix_instr_nonkdim``, ``kpack``), and the host-only keys in :data:`HOST_KEYS` steer the
+split choice and never reach Triton.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from ..common.platform import current_platform
+
+PATHS = ("flashmla", "trtllm", "mega")
+# Host-side planning keys of a config: never passed to Triton.
+HOST_KEYS = ("max_splits", "min_split_blocks", "target_programs")
+# The smallest BLOCK_H any config may use (tl.dot needs M >= 16); counters are sized for it.
+MIN_BLOCK_H = 16
+# Rows probed by split_plan; choose_splits never increases with rows, so row 1 bounds it.
+_PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384)
+
+
+class SplitPlan(NamedTuple):
+    """The largest split-KV resources a path may use at given sizes (size metadata with it).
+
+    num_splits: split partials per row the workspace must hold (0: no workspace).
+    counter_cols: multi-CTA counters per row (0: no counter); one per head block.
+    workspace_heads: heads per partial (0 when there is no workspace).
+    """
+
+    num_splits: int
+    counter_cols: int
+    workspace_heads: int
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def launch_parts(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split a config into ``(constexprs, triton_launch_options)``; host keys are dropped."""
+    meta = {k: v for k, v in cfg.items() if k.isupper()}
+    opts = {k: v for k, v in cfg.items() if not k.isupper() and k not in HOST_KEYS}
+    return meta, opts
+
+
+def path_config(path: str, rows: int, heads: int, topk: int) -> dict[str, Any]:
+    """The platform's launch config for ``path`` (checked for the keys the launchers need)."""
+    cfg = current_platform().kernel_config(path, rows=rows, heads=heads, topk=topk)
+    if path.endswith("combine"):
+        assert "num_warps" in cfg, f"kernel_config({path!r}) lacks num_warps: {cfg}"
+        return cfg
+    missing = [k for k in ("BLOCK_H", "BLOCK_N", "num_warps") if k not in cfg]
+    assert not missing, f"kernel_config({path!r}) lacks {missing}: {cfg}"
+    assert cfg["BLOCK_H"] >= MIN_BLOCK_H, f"BLOCK_H below {MIN_BLOCK_H} in {cfg}"
+    return cfg
+
+
+def choose_splits(rows: int, heads: int, topk: int, cfg: dict[str, Any]) -> int:
+    """Split count for a launch: enough programs to fill the device, bounded by the config.
+
+    Each split covers at least ``min_split_blocks`` KV blocks of ``BLOCK_N`` so that writing a
+    partial (``BLOCK_H x 512`` f32) stays small next to the KV it read. Never increases with rows.
+    """
+    blocks = cdiv(max(topk, 1), cfg["BLOCK_N"])
+    cap = max(1, min(cfg.get("max_splits", 1), blocks // max(1, cfg.get("min_split_blocks", 1))))
+    target = cfg.get("target_programs") or current_platform().num_compute_units()
+    programs = rows * cdiv(heads, cfg["BLOCK_H"])
+    return max(1, min(cap, cdiv(target, programs)))
+
+
+def split_plan(path: str, num_heads: int, topk: int) -> SplitPlan:
+    """The maximum workspace and counter ``path`` may use for ``num_heads`` and ``topk``.
+
+    Args:
+        path: ``"flashmla"``, ``"trtllm"`` or ``"mega"``.
+        num_heads: heads the kernel sees (for flashmla the padded count, a multiple of
+            ``current_platform().head_pad_multiple``).
+        topk: indices per row.
+
+    Returns:
+        :class:`SplitPlan`; pass its fields to ``GraphMetadata(num_splits=, counter_cols=,
+        workspace_heads=)``. At call time a path uses at most the splits the workspace holds.
+    """
+    if path not in PATHS:
+        raise ValueError(f"Unknown kernel path: {path!r}. Valid options are: {', '.join(PATHS)}")
+    if num_heads < 1 or topk < 1:
+        raise ValueError(f"split_plan: num_heads and topk must be >= 1, got {num_heads}, {topk}")
+    if path == "mega":
+        return SplitPlan(0, 0, 0)
+    splits = max(
+        choose_splits(r, num_heads, topk, path_config(path, r, num_heads, topk)) for r in _PROBE_ROWS
+    )
+    counter_cols = cdiv(num_heads, MIN_BLOCK_H) if path == "trtllm" else 0
+    return SplitPlan(splits, counter_cols, num_heads)

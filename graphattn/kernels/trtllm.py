@@ -1,0 +1,136 @@
+"""trtllm-style sparse MLA: any head count, multi-CTA split-KV combined inside ONE launch.
+
+Each program (row, split, head block) writes its normalised partial to the workspace, then
+increments the (row, head block) counter. The program that sees ``num_splits - 1`` is the last
+to arrive: it merges every partial, writes ``out``/``lse``, and resets the counter to 0, so the
+counter is all zeros again after every launch (graph replays rely on that).
+
+Memory ordering: the partial stores of all threads of a program are made to precede the
+increment by a CTA barrier (``tl.debug_barrier``) followed by one ``atomic_add`` with
+``sem="acq_rel"`` at GPU scope (release: the barrier-ordered stores are visible to whoever
+acquires the counter; acquire: the last program then sees every other program's partial).
+The last program reads the partials with ``cache_modifier=".cg"`` (from L2, never a stale L1).
+No program ever waits on another, so there is no deadlock whatever the scheduling.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common.metadata import D_V
+from ..common.platform import current_platform
+from . import checks
+from ._core import LOG2E, _attend_range, _combine_splits, _finalize, _load_q, _store_final, _store_partial
+from .plan import cdiv, choose_splits, launch_parts, path_config
+
+PATH = "trtllm"
+
+
+@triton.jit
+def _trtllm_kernel(
+    q_ptr, kv_ptr, idx_ptr, counter_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+    H, pool, topk, split_len, num_splits, qk_scale,
+    stride_qr, stride_qh, stride_kv, stride_ir, stride_cr,
+    stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
+    DIRECT: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    head_blocks = tl.cdiv(H, BLOCK_H)
+    hb = pid % head_blocks
+    split = (pid // head_blocks) % num_splits
+    row = pid // (head_blocks * num_splits)
+    h_offs = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    q_nope, q_rope = _load_q(q_ptr, row, h_offs, H, stride_qr, stride_qh, D_NOPE, D_ROPE, DOT_F32)
+    start = split * split_len
+    end = tl.minimum(start + split_len, topk)
+    acc, m, l = _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_ptr + row.to(tl.int64) * stride_ir,
+                              pool, start, end, qk_scale, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32)
+    out, lse = _finalize(acc, m, l)
+    if DIRECT:
+        # One split: nothing to combine and the counter is never touched.
+        _store_final(out_ptr, lse_ptr, row, h_offs, H, out, lse, D_NOPE)
+    else:
+        _store_partial(ws_out_ptr, ws_lse_ptr, row, split, h_offs, H, out, lse,
+                       stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, D_NOPE)
+        tl.debug_barrier()  # every thread's partial stores precede the release below
+        ctr = counter_ptr + row.to(tl.int64) * stride_cr + hb
+        arrived = tl.atomic_add(ctr, 1, sem="acq_rel", scope="gpu")
+        if arrived == num_splits - 1:
+            out, lse = _combine_splits(ws_out_ptr, ws_lse_ptr, row, h_offs, H, num_splits,
+                                       stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+                                       BLOCK_H, D_NOPE, ".cg")
+            _store_final(out_ptr, lse_ptr, row, h_offs, H, out, lse, D_NOPE)
+            # Every split has arrived, so no one else touches this counter in this launch.
+            tl.atomic_xchg(ctr, 0, sem="relaxed", scope="gpu")
+
+
+def _launch_trtllm(q, kv, indices, sm_scale, counter, ws_out, ws_lse, out, lse, cfg, splits):
+    """Launch; returns the compiled kernel (its n_regs/n_spills feed the benchmark report)."""
+    rows, heads, d_qk = q.shape
+    topk = indices.shape[1]
+    meta, opts = launch_parts(cfg)
+    split_len = cdiv(cdiv(topk, splits), meta["BLOCK_N"]) * meta["BLOCK_N"]
+    # Rounding split_len up can leave trailing splits empty: launch only the non-empty ones, so
+    # the arrival count the kernel waits for is exactly the number of programs per counter.
+    splits = cdiv(topk, split_len)
+    grid = (rows * splits * cdiv(heads, meta["BLOCK_H"]),)
+    return _trtllm_kernel[grid](
+        q, kv, indices, counter, ws_out, ws_lse, out, lse,
+        heads, kv.shape[0], topk, split_len, splits, sm_scale * LOG2E,
+        q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), counter.stride(0),
+        ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0), ws_lse.stride(1),
+        D_NOPE=D_V, D_ROPE=d_qk - D_V, DIRECT=splits == 1,
+        DOT_F32=current_platform().uses_triton_interpreter, **meta, **opts,
+    )
+
+
+def _check(q, kv, indices, counter, ws_out, ws_lse) -> dict:
+    checks.check_attention_inputs(PATH, q, kv, indices)
+    checks.check_workspace(PATH, q, ws_out, ws_lse)
+    cfg = path_config(PATH, q.shape[0], q.shape[1], indices.shape[1])
+    checks.check_counter(PATH, q, counter, cdiv(q.shape[1], cfg["BLOCK_H"]))
+    return cfg
+
+
+@torch.library.custom_op(
+    "graphattn::sparse_mla_trtllm", mutates_args=("counter", "ws_out", "ws_lse")
+)
+def sparse_mla_trtllm(
+    q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float,
+    counter: torch.Tensor, ws_out: torch.Tensor, ws_lse: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """trtllm-style sparse MLA attention: multi-CTA split-KV with an in-kernel combine.
+
+    Args:
+        q: ``[rows, H, 576]`` bf16/fp16, any ``H >= 1``; last dim contiguous.
+        kv: ``[pool_tokens, 576]`` same dtype (V = ``kv[:, :512]``); last dim contiguous.
+        indices: ``[rows, topk]`` int32; −1 **or any value outside ``[0, pool_tokens)``** is
+            skipped (never read); duplicates count each time.
+        sm_scale: softmax scale applied to ``q·k``.
+        counter: ``[>=rows, >=ceil(H / BLOCK_H)]`` int32, **all zeros** on entry
+            (``GraphMetadata.counter_for(rows)``); all zeros again when the launch finishes.
+        ws_out: ``[>=rows, S, >=H, 512]`` f32 workspace for normalised split partials.
+        ws_lse: ``[>=rows, S, >=H]`` f32 workspace (split lse, natural log).
+
+    Returns:
+        ``out [rows, H, 512]`` in q's dtype and ``lse [rows, H]`` f32 (natural log); a row with
+        no valid index gives out 0 and lse −inf.
+    """
+    cfg = _check(q, kv, indices, counter, ws_out, ws_lse)
+    rows, heads, _ = q.shape
+    out = torch.empty(rows, heads, D_V, dtype=q.dtype, device=q.device)
+    lse = torch.empty(rows, heads, dtype=torch.float32, device=q.device)
+    if rows:
+        splits = min(choose_splits(rows, heads, indices.shape[1], cfg), ws_out.shape[1])
+        _launch_trtllm(q, kv, indices, sm_scale, counter, ws_out, ws_lse, out, lse, cfg, splits)
+    return out, lse
+
+
+@sparse_mla_trtllm.register_fake
+def _(q, kv, indices, sm_scale, counter, ws_out, ws_lse):
+    _check(q, kv, indices, counter, ws_out, ws_lse)
+    rows, heads, _ = q.shape
+    return q.new_empty(rows, heads, D_V), q.new_empty(rows, heads, dtype=torch.float32)

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Kernel checks on a GPU machine: GPU kernel tests, compute-sanitizer memcheck of each path,
+# and the kernel benchmark. Logs go to $OUT (default ./gpu_kernels_out).
+#   usage: scripts/gpu_kernels.sh [--quick]     (--quick: four benchmark shapes only)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-./gpu_kernels_out}"
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+status=0
+
+python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_kernels_gpu.py \
+  >"$OUT/pytest_kernels_gpu.log" 2>&1 || status=1
+tail -3 "$OUT/pytest_kernels_gpu.log"
+
+# One small call per path under memcheck: any out-of-bounds or misaligned access is an error.
+for path in flashmla trtllm mega; do
+  compute-sanitizer --tool memcheck --error-exitcode 3 python3 - "$path" \
+    >"$OUT/memcheck_$path.log" 2>&1 <<'PY' || status=1
+import sys, torch
+from graphattn.common.metadata import GraphMetadata
+from graphattn.kernels import split_plan, sparse_mla_flashmla, sparse_mla_mega, sparse_mla_trtllm
+path = sys.argv[1]
+rows, heads, topk, pool = 3, 64 if path == "flashmla" else 20, 300, 1000
+q = torch.randn(rows, heads, 576, device="cuda", dtype=torch.bfloat16)
+kv = torch.randn(pool, 576, device="cuda", dtype=torch.bfloat16)
+idx = torch.randint(-1, pool + 50, (rows, topk), device="cuda", dtype=torch.int32)  # with out-of-range
+plan = split_plan(path, heads, topk)
+md = GraphMetadata(rows, heads, topk, q.dtype, "cuda", counter_cols=plan.counter_cols,
+                   num_splits=plan.num_splits, workspace_heads=plan.workspace_heads or None)
+if path == "mega":
+    out, lse = sparse_mla_mega(q, kv, idx, 0.04)
+elif path == "flashmla":
+    out, lse = sparse_mla_flashmla(q, kv, idx, 0.04, *md.workspace_for(rows))
+else:
+    out, lse = sparse_mla_trtllm(q, kv, idx, 0.04, md.counter_for(rows), *md.workspace_for(rows))
+torch.cuda.synchronize()
+print(path, "finite:", bool(out.isfinite().all()), "splits:", plan.num_splits)
+PY
+  tail -2 "$OUT/memcheck_$path.log"
+done
+
+python3 -m graphattn.bench.kernels "$@" --json "$OUT/bench_kernels.json" \
+  >"$OUT/bench_kernels.md" 2>"$OUT/bench_kernels.err" || status=1
+cat "$OUT/bench_kernels.md"
+exit $status

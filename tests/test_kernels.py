@@ -1,0 +1,195 @@
+"""Every kernel path against the float64 reference (CPU: the Triton interpreter; GPU: compiled).
+
+Under the interpreter the kernels upcast their tiles to float32 before ``tl.dot`` (the
+interpreter's bf16 dot is wrong in triton 3.9), so bf16 here checks the kernels' indexing,
+masking, softmax and split-KV logic in bf16 storage; the bf16 tensor-core path itself is
+checked on a GPU by tests/test_kernels_gpu.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from graphattn.common.metadata import GraphMetadata
+from graphattn.common.platform import current_platform
+from graphattn.common.reference import sparse_mla_reference
+from graphattn.kernels import (
+    split_plan,
+    sparse_mla_flashmla,
+    sparse_mla_mega,
+    sparse_mla_trtllm,
+)
+
+DEVICE = current_platform().device
+# (dtype, atol, rtol) for out; lse is float32 in every case.
+TOLERANCES = {torch.float16: (2e-3, 2e-2), torch.bfloat16: (1.6e-2, 5e-2)}
+LSE_ATOL = 1e-3
+PATHS = ("flashmla", "trtllm", "mega")
+
+
+@pytest.fixture(autouse=True)
+def _nan_poison():
+    """torch.empty returns NaN-filled memory, so an output element a kernel skips shows up."""
+    old = torch.utils.deterministic.fill_uninitialized_memory
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    yield
+    torch.use_deterministic_algorithms(was)
+    torch.utils.deterministic.fill_uninitialized_memory = old
+
+
+def make_inputs(rows, heads, topk, pool, dtype, invalid_frac=0.2):
+    """Random q/kv (never zeros), and indices mixing valid, −1, out-of-range and duplicates."""
+    q = torch.randn(rows, heads, 576, device=DEVICE).to(dtype)
+    kv = torch.randn(pool, 576, device=DEVICE).to(dtype)
+    idx = torch.randint(0, pool, (rows, topk), device=DEVICE, dtype=torch.int32)
+    r = torch.rand(rows, topk, device=DEVICE)
+    idx[r < invalid_frac / 2] = -1
+    idx[(r >= invalid_frac / 2) & (r < invalid_frac)] = pool + 7  # out of range: skipped
+    if topk >= 4:
+        idx[:, 1] = idx[:, 0]  # duplicates count twice
+    return q, kv, idx
+
+
+def run_path(path, q, kv, idx, sm_scale):
+    """Call ``path`` with metadata-sized, NaN-poisoned workspace; returns (out, lse, counter)."""
+    rows, heads, _ = q.shape
+    plan = split_plan(path, heads, idx.shape[1])
+    if path == "mega":
+        return (*sparse_mla_mega(q, kv, idx, sm_scale), None)
+    md = GraphMetadata(rows, heads, idx.shape[1], q.dtype, q.device, counter_cols=plan.counter_cols,
+                       num_splits=plan.num_splits, workspace_heads=plan.workspace_heads)
+    ws_out, ws_lse = md.workspace_for(rows)
+    ws_out.fill_(float("nan"))
+    ws_lse.fill_(float("nan"))
+    if path == "flashmla":
+        return (*sparse_mla_flashmla(q, kv, idx, sm_scale, ws_out, ws_lse), None)
+    counter = md.counter_for(rows)
+    return (*sparse_mla_trtllm(q, kv, idx, sm_scale, counter, ws_out, ws_lse), counter)
+
+
+def check_against_reference(path, q, kv, idx, sm_scale, out, lse, counter=None):
+    ref_out, ref_lse = sparse_mla_reference(q, kv, idx, sm_scale)
+    atol, rtol = TOLERANCES[q.dtype]
+    where = f"[{path} rows={q.shape[0]} heads={q.shape[1]} topk={idx.shape[1]} {q.dtype}]"
+    assert out.shape == ref_out.shape and out.dtype == q.dtype, f"{where} out {out.shape} {out.dtype}"
+    assert lse.shape == ref_lse.shape and lse.dtype == torch.float32, f"{where} lse {lse.shape}"
+    torch.testing.assert_close(out.double(), ref_out, atol=atol, rtol=rtol, msg=lambda m: f"{where} out: {m}")
+    torch.testing.assert_close(lse.double(), ref_lse, atol=LSE_ATOL, rtol=1e-4, msg=lambda m: f"{where} lse: {m}")
+    if counter is not None:
+        assert int(counter.abs().sum()) == 0, f"{where} counter not reset: {counter.tolist()}"
+
+
+def heads_for(path, heads):
+    return 64 * math.ceil(heads / 64) if path == "flashmla" else heads
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("heads,topk", [(3, 37), (16, 64), (20, 50), (64, 90)])
+def test_matches_reference_fp16(path, heads, topk):
+    heads = heads_for(path, heads)
+    q, kv, idx = make_inputs(3, heads, topk, pool=300, dtype=torch.float16)
+    out, lse, counter = run_path(path, q, kv, idx, 0.07)
+    check_against_reference(path, q, kv, idx, 0.07, out, lse, counter)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_matches_reference_bf16_upcast(path):
+    q, kv, idx = make_inputs(2, heads_for(path, 24), 45, pool=128, dtype=torch.bfloat16)
+    out, lse, counter = run_path(path, q, kv, idx, 1 / math.sqrt(576))
+    check_against_reference(path, q, kv, idx, 1 / math.sqrt(576), out, lse, counter)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_all_invalid_row_gives_zero_and_minus_inf(path):
+    q, kv, idx = make_inputs(3, heads_for(path, 5), 40, pool=64, dtype=torch.float16)
+    idx[1] = -1
+    idx[2, ::2] = -1
+    idx[2, 1::2] = 1 << 30  # far out of range: must not be read
+    out, lse, counter = run_path(path, q, kv, idx, 0.1)
+    where = f"[{path}]"
+    assert torch.all(out[1:] == 0), f"{where} out of an all-invalid row is not 0"
+    assert torch.all(lse[1:] == float("-inf")), f"{where} lse of an all-invalid row: {lse[1:]}"
+    check_against_reference(path, q, kv, idx, 0.1, out, lse, counter)
+
+
+@pytest.mark.parametrize("path", ("flashmla", "trtllm"))
+def test_small_workspace_uses_fewer_splits(path):
+    heads = heads_for(path, 16)
+    q, kv, idx = make_inputs(2, heads, 64, pool=100, dtype=torch.float16)
+    ws_out = torch.full((2, 1, heads, 512), float("nan"), device=DEVICE)
+    ws_lse = torch.full((2, 1, heads), float("nan"), device=DEVICE)
+    if path == "flashmla":
+        out, lse, counter = *sparse_mla_flashmla(q, kv, idx, 0.1, ws_out, ws_lse), None
+    else:
+        counter = torch.zeros(2, 4, dtype=torch.int32, device=DEVICE)
+        out, lse = sparse_mla_trtllm(q, kv, idx, 0.1, counter, ws_out, ws_lse)
+    check_against_reference(path, q, kv, idx, 0.1, out, lse, counter)
+
+
+def test_trtllm_counter_zero_after_repeated_launches():
+    q, kv, idx = make_inputs(2, 20, 300, pool=400, dtype=torch.float16)
+    plan = split_plan("trtllm", 20, 300)
+    assert plan.num_splits > 1 and plan.counter_cols >= 2, f"trtllm: plan {plan} does not split"
+    counter = torch.zeros(2, plan.counter_cols, dtype=torch.int32, device=DEVICE)
+    ws = (torch.empty(2, plan.num_splits, 20, 512, device=DEVICE), torch.empty(2, plan.num_splits, 20, device=DEVICE))
+    for _ in range(2):
+        out, lse = sparse_mla_trtllm(q, kv, idx, 0.1, counter, *ws)
+        check_against_reference("trtllm", q, kv, idx, 0.1, out, lse, counter)
+        q, kv, idx = make_inputs(2, 20, 300, pool=400, dtype=torch.float16)
+
+
+def test_split_plan_shapes():
+    assert split_plan("mega", 16, 2048).num_splits == 0
+    fm = split_plan("flashmla", 64, 2048)
+    assert fm.num_splits >= 1 and fm.counter_cols == 0 and fm.workspace_heads == 64
+    tr = split_plan("trtllm", 20, 2048)
+    assert tr.counter_cols == 2 and tr.workspace_heads == 20
+    with pytest.raises(ValueError, match="Unknown kernel path"):
+        split_plan("nope", 16, 2048)
+
+
+def test_custom_ops_are_registered_with_fakes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    q, kv, idx = make_inputs(2, 64, 32, pool=50, dtype=torch.float16)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fq, fkv, fidx = (mode.from_tensor(t) for t in (q, kv, idx))
+        out, lse = torch.ops.graphattn.sparse_mla_mega(fq, fkv, fidx, 0.1)
+        assert out.shape == (2, 64, 512) and lse.shape == (2, 64) and lse.dtype == torch.float32
+        ws = (fq.new_empty(2, 2, 64, 512, dtype=torch.float32), fq.new_empty(2, 2, 64, dtype=torch.float32))
+        assert torch.ops.graphattn.sparse_mla_flashmla(fq, fkv, fidx, 0.1, *ws)[0].shape == (2, 64, 512)
+    schema = torch.ops.graphattn.sparse_mla_trtllm.default._schema
+    mutated = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+    assert mutated == {"counter", "ws_out", "ws_lse"}, f"trtllm mutates_args: {mutated}"
+
+
+def _bad_input_cases():
+    q, kv, idx = make_inputs(2, 64, 16, pool=32, dtype=torch.float16)
+    ws = (torch.zeros(2, 2, 64, 512, device=DEVICE), torch.zeros(2, 2, 64, device=DEVICE))
+    return [
+        ("q dtype", lambda: sparse_mla_mega(q.float(), kv, idx, 0.1), TypeError, "bfloat16 or float16"),
+        ("kv dtype", lambda: sparse_mla_mega(q, kv.bfloat16(), idx, 0.1), TypeError, "kv dtype must equal"),
+        ("index dtype", lambda: sparse_mla_mega(q, kv, idx.long(), 0.1), TypeError, "int32"),
+        ("head dim", lambda: sparse_mla_mega(q[..., :512], kv, idx, 0.1), ValueError, "576"),
+        ("kv dim", lambda: sparse_mla_mega(q, kv[:, :512].contiguous(), idx, 0.1), ValueError, "pool_tokens, 576"),
+        ("rows", lambda: sparse_mla_mega(q, kv, idx[:1], 0.1), ValueError, "rows=2"),
+        ("stride", lambda: sparse_mla_mega(q, kv.t().contiguous().t(), idx, 0.1), ValueError, "contiguous last dim"),
+        ("pad", lambda: sparse_mla_flashmla(q[:, :20], kv, idx, 0.1, *ws), ValueError, "multiple of 64"),
+        ("ws rows", lambda: sparse_mla_flashmla(q, kv, idx, 0.1, ws[0][:1], ws[1][:1]), ValueError, "too small"),
+        ("ws dtype", lambda: sparse_mla_flashmla(q, kv, idx, 0.1, ws[0].half(), ws[1]), TypeError, "float32"),
+        ("counter cols", lambda: sparse_mla_trtllm(q, kv, idx, 0.1, torch.zeros(2, 1, dtype=torch.int32), *ws),
+         ValueError, "head blocks"),
+        ("counter dtype", lambda: sparse_mla_trtllm(q, kv, idx, 0.1, torch.zeros(2, 4), *ws), TypeError, "int32"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_bad_inputs_raise_clearly(case):
+    name, call, exc, text = _bad_input_cases()[case]
+    with pytest.raises(exc, match=text):
+        call()

@@ -1,0 +1,83 @@
+"""GPU checks of the compiled kernels: bf16 at real sizes, and CUDA-graph capture/replay.
+
+Marked ``gpu``: tests/conftest.py skips them when no CUDA/HIP GPU is present.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from graphattn.common.reference import sparse_mla_reference
+
+# tests/ is on sys.path under pytest (rootdir conftest); share the CPU suite's harness.
+from test_kernels import _nan_poison, check_against_reference, heads_for, make_inputs, run_path  # noqa: F401
+
+pytestmark = pytest.mark.gpu
+PATHS = ("flashmla", "trtllm", "mega")
+SCALE = 1 / math.sqrt(576)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("heads,rows", [(16, 1), (32, 8), (64, 64), (128, 3), (128, 257), (16, 1024)])
+def test_bf16_real_sizes(path, heads, rows):
+    heads = heads_for(path, heads)
+    q, kv, idx = make_inputs(rows, heads, 2048, pool=rows * 2048 + 4096, dtype=torch.bfloat16, invalid_frac=0.1)
+    out, lse, counter = run_path(path, q, kv, idx, SCALE)
+    torch.cuda.synchronize()
+    check_against_reference(path, q, kv, idx, SCALE, out, lse, counter)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_fp16_long_topk_and_odd_heads(path):
+    heads = heads_for(path, 20)
+    q, kv, idx = make_inputs(5, heads, 8192 + 37, pool=50_000, dtype=torch.float16)
+    idx[3] = -1
+    out, lse, counter = run_path(path, q, kv, idx, SCALE)
+    check_against_reference(path, q, kv, idx, SCALE, out, lse, counter)
+    assert torch.all(lse[3] == float("-inf")) and torch.all(out[3] == 0), f"[{path}] empty row"
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_cuda_graph_replay_matches_eager(path):
+    """Capture once, then replay with new inputs copied into the static tensors."""
+    from graphattn.common.metadata import GraphMetadata
+    from graphattn.kernels import split_plan, sparse_mla_flashmla, sparse_mla_mega, sparse_mla_trtllm
+
+    rows, heads, topk = 4, heads_for(path, 48), 2048
+    plan = split_plan(path, heads, topk)
+    md = GraphMetadata(rows, heads, topk, torch.bfloat16, "cuda", counter_cols=plan.counter_cols,
+                       num_splits=plan.num_splits, workspace_heads=plan.workspace_heads or None)
+
+    def step(q, kv, idx):
+        if path == "mega":
+            return sparse_mla_mega(q, kv, idx, SCALE)
+        if path == "flashmla":
+            return sparse_mla_flashmla(q, kv, idx, SCALE, *md.workspace_for(rows))
+        return sparse_mla_trtllm(q, kv, idx, SCALE, md.counter_for(rows), *md.workspace_for(rows))
+
+    static = make_inputs(rows, heads, topk, pool=20_000, dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_out, g_lse = step(*static)
+    for trial in range(3):
+        fresh = make_inputs(rows, heads, topk, pool=20_000, dtype=torch.bfloat16)
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        graph.replay()
+        e_out, e_lse = step(*fresh)
+        torch.cuda.synchronize()
+        where = f"[{path} replay {trial}]"
+        torch.testing.assert_close(g_out, e_out, atol=0, rtol=0, msg=lambda m: f"{where} out: {m}")
+        torch.testing.assert_close(g_lse, e_lse, atol=0, rtol=0, msg=lambda m: f"{where} lse: {m}")
+        if md.counter is not None:
+            assert int(md.counter_for(rows).abs().sum()) == 0, f"{where} counter not reset"
+    ref_out, _ = sparse_mla_reference(*fresh, SCALE)
+    torch.testing.assert_close(g_out.double(), ref_out, atol=1.6e-2, rtol=5e-2, msg=lambda m: f"[{path}] {m}")
