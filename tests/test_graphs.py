@@ -1,0 +1,190 @@
+"""BreakableGraph: segments, breaks, eager_on_graph, buffer marking, HIP rules (CPU emulator)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphattn.common import GraphMetadata, GraphSafetyError, GrowOnlyBuffer, capture_scope
+from graphattn.common.emulated import EmulatedGraphSegment
+from graphattn.common.graphs import BreakableGraph, eager_on_graph
+from graphattn.common.platform import current_platform, reset_platform_cache
+from graphattn.hip.graphs import HipGraphSegment
+
+
+@pytest.fixture(autouse=True)
+def _cpu_platform(monkeypatch):
+    """These tests use CPU tensors: pin the ``cpu`` platform even on a GPU machine."""
+    monkeypatch.setenv("GRAPHATTN_PLATFORM", "cpu")
+    reset_platform_cache()
+    yield
+    monkeypatch.undo()
+    reset_platform_cache()
+
+
+@pytest.fixture(params=["cpu", "hip"])
+def platform_name(request, monkeypatch):
+    """Run the test on the emulator directly and under HIP's segment rules over it."""
+    if request.param == "hip" and torch.cuda.is_available():
+        pytest.skip("HIP over the emulator needs a GPU-less machine; test_graphs_gpu.py covers HIP")
+    monkeypatch.setenv("GRAPHATTN_PLATFORM", request.param)
+    reset_platform_cache()
+    yield request.param
+
+
+calls = {"rescale": 0}
+
+
+@eager_on_graph
+def rescale(y: torch.Tensor) -> torch.Tensor:
+    """A break that reads a value back to the host (not capturable): y / max|y|."""
+    calls["rescale"] += 1
+    return y / y.abs().max().item()
+
+
+@eager_on_graph
+def split_sorted(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A break returning two tensors."""
+    values, order = torch.sort(z, dim=1)
+    return values, order
+
+
+def three_segments(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [rows, d] @ w [d, e] -> break -> tanh -> break -> combine: 3 segments, 2 breaks."""
+    y = rescale(x @ w)
+    values, order = split_sorted(torch.tanh(y) + 1)
+    return values * 2 + order.to(values.dtype)
+
+
+def test_breakable_graph_with_two_breaks_replays_new_inputs(platform_name):
+    x, w = torch.randn(5, 6), torch.randn(6, 7)
+    graph = BreakableGraph()
+    out = graph.capture(three_segments, x, w)
+    assert (graph.num_segments, graph.num_breaks) == (3, 2)
+    if platform_name == "hip":
+        assert all(isinstance(s, HipGraphSegment) for s in graph.segments)
+    for _ in range(3):
+        x.copy_(torch.randn(5, 6))
+        w.copy_(torch.randn(6, 7))
+        out.fill_(float("nan"))  # poison
+        replayed = graph.replay()
+        assert replayed is out, "replay must write the captured output in place"
+        torch.testing.assert_close(replayed, three_segments(x, w), msg=platform_name)
+
+
+def test_break_runs_eagerly_on_every_replay():
+    x, w = torch.randn(3, 4), torch.randn(4, 4)
+    graph = BreakableGraph()
+    graph.capture(three_segments, x, w)
+    before = calls["rescale"]
+    graph.replay()
+    graph.replay()
+    assert calls["rescale"] == before + 2
+
+
+def test_eager_on_graph_outside_capture_just_calls():
+    y = torch.randn(4, 4)
+    torch.testing.assert_close(rescale(y), y / y.abs().max())
+    assert getattr(rescale, "eager_on_graph", False)
+
+
+def test_full_graph_captures_breaks_inline():
+    x, w = torch.randn(3, 4), torch.randn(4, 4)
+    graph = BreakableGraph(breaks=False)
+    with pytest.raises(GraphSafetyError, match="host"):  # rescale's .item() is now captured
+        graph.capture(three_segments, x, w)
+    inline = BreakableGraph(breaks=False)
+    out = inline.capture(lambda a: split_sorted(a * 2)[0], x)
+    assert (inline.num_segments, inline.num_breaks) == (1, 0)
+    x.copy_(torch.randn(3, 4))
+    torch.testing.assert_close(inline.replay(), torch.sort(x * 2, dim=1).values)
+    assert out.data_ptr() == inline.out.data_ptr()
+
+
+def test_break_at_start_gives_an_empty_first_segment(platform_name):
+    x = torch.randn(4, 4)
+    graph = BreakableGraph()
+    graph.capture(lambda a: rescale(a) + 1, x)
+    assert graph.num_segments == 2 and graph.segments
+    x.copy_(torch.randn(4, 4))
+    torch.testing.assert_close(graph.replay(), x / x.abs().max() + 1)
+
+
+def test_break_must_keep_its_output_shape():
+    box = {"rows": 3}
+
+    @eager_on_graph
+    def shaped(t):
+        return t[: box["rows"]] * 1
+
+    x = torch.randn(4, 2)
+    graph = BreakableGraph()
+    graph.capture(lambda a: shaped(a) + 1, x)
+    box["rows"] = 2
+    with pytest.raises(RuntimeError, match="captured shape"):
+        graph.replay()
+
+
+def test_capture_marks_the_buffers_and_metadata_it_used(platform_name):
+    meta = GraphMetadata(8, 2, 3, torch.float32, "cpu", padded_heads=4, d_qk=8, d_v=4)
+    untouched = GrowOnlyBuffer("untouched", (4,), torch.float32, "cpu", rows=4)
+    scratch = GrowOnlyBuffer("scratch", (4,), torch.float32, "cpu", rows=4)
+
+    class Cache:  # holds a view taken before capture: only the tracker sees it is used
+        def __init__(self):
+            self.buf, self.pre = scratch, scratch.view(4)
+
+    cache = Cache()
+
+    def step(q):
+        return meta.zero_padded_q(q).sum() + cache.pre.sum()
+
+    graph = BreakableGraph()
+    graph.capture(step, torch.randn(3, 2, 8))
+    assert meta.q_pad_captured and meta.captured
+    assert scratch.captured, "a buffer a captured op touched must be marked"
+    assert not untouched.captured
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="HIP over the emulator needs no GPU")
+def test_hip_rules_refuse_nested_capture(monkeypatch):
+    monkeypatch.setenv("GRAPHATTN_PLATFORM", "hip")
+    reset_platform_cache()  # the autouse fixture restores the cpu platform afterwards
+    assert current_platform().graph_segment_class() is HipGraphSegment
+    seg = HipGraphSegment()
+    assert seg.emulated and isinstance(seg._inner, EmulatedGraphSegment)
+    with capture_scope(), pytest.raises(GraphSafetyError, match="already capturing"):
+        seg.capture_begin()
+    seg.capture_begin()
+    with pytest.raises(GraphSafetyError, match="capturing"):
+        seg.replay()
+    seg.capture_end()
+    seg.replay()
+
+
+def test_capture_error_leaves_no_capture_open():
+    def bad(t):
+        t = t * 2
+        raise ValueError("boom")
+
+    graph = BreakableGraph()
+    with pytest.raises(ValueError, match="boom"):
+        graph.capture(bad, torch.randn(2))
+    from graphattn.common.capture import is_capturing
+
+    assert not is_capturing()
+    with pytest.raises(RuntimeError, match="before capture"):
+        graph.replay()
+
+
+def test_graph_benchmark_runs_small_on_the_cpu(tmp_path, capsys):
+    import json
+
+    from graphattn.bench import graphs as bench
+
+    path = tmp_path / "bench.json"
+    assert bench.main(["--iters", "2", "--max-rows", "8", "--rows", "4", "--json", str(path)]) == 0
+    res = json.loads(path.read_text())
+    for key in ("raw_us", "graph_us", "runner_us", "one_break_us", "sanitizer_us", "capture_s"):
+        assert isinstance(res[key], float), (key, res)
+    assert res["buckets"] == 4 and "GraphRunner.run" in capsys.readouterr().out
