@@ -1,6 +1,10 @@
 """graphattn: graph-capture-safe sparse MLA attention backends for NVIDIA and AMD GPUs."""
 
-from .common import (
+from .common.platform import configure_triton_interpreter
+
+configure_triton_interpreter()  # before anything imports triton or defines a kernel
+
+from .common import (  # noqa: E402
     CaptureCapacityError,
     CapturedBufferGrowthError,
     FreedCaptureBufferError,

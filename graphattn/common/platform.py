@@ -134,6 +134,17 @@ def current_platform() -> Platform:
     return _resolve(os.environ.get(PLATFORM_ENV, "").strip().lower() or detect_platform_name())
 
 
+def configure_triton_interpreter() -> None:
+    """Set ``TRITON_INTERPRET=1`` (unless the caller set it) when kernels cannot be compiled.
+
+    Triton chooses interpreter or compiler when it is first imported and when a function is
+    decorated, and torch may import triton early (``torch._dynamo``), so ``graphattn`` calls
+    this first thing on import.
+    """
+    if current_platform().uses_triton_interpreter:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
 def reset_platform_cache() -> None:
     """Forget the resolved platform (tests that change ``GRAPHATTN_PLATFORM`` call this)."""
     current_platform.cache_clear()

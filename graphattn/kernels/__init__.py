@@ -8,24 +8,16 @@
   no workspace.
 * :func:`split_plan`: the workspace/counter a path may need, to size ``GraphMetadata``.
 
-Without a GPU the kernels run under the Triton interpreter. Triton decides interpreter vs
-compiler when a function is decorated, so ``TRITON_INTERPRET=1`` is set here (unless the
-caller already set it) before any kernel module is imported.
+Without a GPU the kernels run under the Triton interpreter: ``import graphattn`` sets
+``TRITON_INTERPRET=1`` (unless the caller set it) before any kernel is defined.
 """
 
 from __future__ import annotations
 
-import os
-
-from ..common.platform import current_platform
-
-if current_platform().uses_triton_interpreter:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from .flashmla import sparse_mla_flashmla  # noqa: E402
-from .mega import sparse_mla_mega  # noqa: E402
-from .plan import PATHS, SplitPlan, split_plan  # noqa: E402
-from .trtllm import sparse_mla_trtllm  # noqa: E402
+from .flashmla import sparse_mla_flashmla
+from .mega import sparse_mla_mega
+from .plan import PATHS, SplitPlan, split_plan
+from .trtllm import sparse_mla_trtllm
 
 __all__ = [
     "PATHS",

@@ -1,0 +1,248 @@
+"""The AttentionBackend contract: capabilities as class data, plan on the host, run on the device.
+
+A backend is one class. Its capabilities are class attributes (read without an instance, so
+``graphattn list`` and ``--attn-backend auto`` can decide without allocating anything), and
+:meth:`AttentionBackend.refusal_reasons` turns them into the list of reasons a configuration is
+refused (vLLM's ``validate_configuration`` style). Work is split FlashInfer-style:
+
+* :meth:`~AttentionBackend.make_metadata` -- once, before any capture: reserve every buffer the
+  kernel will ever touch, sized in **query rows** (``max(max_batch_size, max_num_tokens)``).
+* :meth:`~AttentionBackend.plan` -- host side, **not capturable**: write the step's indices into
+  the metadata's persistent storage in place (``GraphMetadata.refresh_``).
+* :meth:`~AttentionBackend.forward` -- device only, **capturable**: reads only the metadata's
+  persistent storage and its arguments, allocates nothing that outlives the call.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib.util
+from typing import ClassVar
+
+import torch
+
+from ..common.metadata import D_QK, D_V, GraphMetadata
+from ..common.platform import Platform, current_platform
+
+
+class GraphSupport(enum.IntEnum):
+    """How far a backend's ``forward`` may go into a captured graph (vLLM's AttentionCGSupport).
+
+    NEVER: eager only; engines must not capture it.
+    BREAK_ONLY: runs as the eager break of a breakable graph (``eager_on_graph``), not inside a
+        captured segment (e.g. a kernel that syncs with the host).
+    FULL: capturable inside a full graph, and also usable as a break.
+    """
+
+    NEVER = 0
+    BREAK_ONLY = 1
+    FULL = 2
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+class AttentionBackend:
+    """Base class of every sparse MLA attention backend.
+
+    Computation (DeepSeek sparse MLA, one shared latent KV head, ``d_qk = 576``, ``d_v = 512``):
+    ``q [rows, num_heads, 576]`` (``dtype``), ``kv [pool_tokens, 576]`` (``dtype``; V is its first
+    512 columns), per-row ``indices [rows, topk]`` int32 into the pool with -1 = skip, gives
+    ``out [rows, num_heads, 512]`` (``dtype``) and ``lse [rows, num_heads]`` float32 (natural log).
+    A row whose indices are all -1 gives ``out = 0``, ``lse = -inf``.
+
+    Class data (subclasses override):
+        name: the ``--attn-backend`` name.
+        supported_dtypes: q/kv dtypes the backend accepts.
+        head_multiple: the head count must be a multiple of this (1 = any); a backend that pads
+            accepts any count up to ``max_heads``.
+        max_heads: largest head count accepted (``None`` = no limit).
+        pads_q: q is padded through ``GraphMetadata.zero_padded_q`` to the platform's
+            ``head_pad_multiple`` (the q-pad rule applies).
+        uses_counter: the kernel uses the multi-CTA counter (the counter rule applies).
+        uses_workspace: the kernel writes split-KV partials to the metadata workspace.
+        uses_triton: the kernel is a Triton kernel (on a machine without a GPU it runs under the
+            Triton interpreter: correct but slow, for small shapes only).
+        platforms: platform names (``cpu``, ``cuda``, ``hip``) it runs on.
+        graph_support: a :class:`GraphSupport` level.
+        description: one line for ``graphattn list``.
+    """
+
+    name: ClassVar[str] = "abstract"
+    supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16)
+    head_multiple: ClassVar[int] = 1
+    max_heads: ClassVar[int | None] = None
+    pads_q: ClassVar[bool] = False
+    uses_counter: ClassVar[bool] = False
+    uses_workspace: ClassVar[bool] = False
+    uses_triton: ClassVar[bool] = False
+    platforms: ClassVar[tuple[str, ...]] = ("cpu", "cuda", "hip")
+    graph_support: ClassVar[GraphSupport] = GraphSupport.FULL
+    description: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        num_heads: int,
+        topk: int,
+        dtype: torch.dtype,
+        sm_scale: float | None = None,
+        platform: Platform | None = None,
+    ):
+        """Configure the backend; raises ``ValueError`` listing every refusal reason.
+
+        Args:
+            num_heads: query heads per row (on this rank, after tensor parallelism).
+            topk: indices per row (the sparse top-k; for dense decode, the max context length).
+            dtype: q and kv dtype.
+            sm_scale: softmax scale; default ``d_qk ** -0.5``.
+            platform: defaults to ``current_platform()``.
+        """
+        self.platform = platform or current_platform()
+        reasons = self.refusal_reasons(num_heads, dtype, topk, self.platform)
+        if reasons:
+            raise ValueError(
+                f"attention backend '{self.name}' refuses num_heads={num_heads}, topk={topk}, "
+                f"dtype={dtype} on platform '{self.platform.name}': " + "; ".join(reasons)
+            )
+        self.num_heads, self.topk, self.dtype = int(num_heads), int(topk), dtype
+        self.sm_scale = float(sm_scale) if sm_scale is not None else D_QK**-0.5
+
+    # -- capabilities --------------------------------------------------------------------------
+    @classmethod
+    def refusal_reasons(
+        cls,
+        num_heads: int,
+        dtype: torch.dtype,
+        topk: int,
+        platform: Platform | None = None,
+    ) -> list[str]:
+        """Every reason this backend cannot run the configuration here; ``[]`` means it can.
+
+        Reads only class data and the platform, so it is cheap and allocates nothing.
+        """
+        platform = platform or current_platform()
+        reasons = []
+        if platform.name not in cls.platforms:
+            reasons.append(f"platform '{platform.name}' not in supported {list(cls.platforms)}")
+        if dtype not in cls.supported_dtypes:
+            names = [str(d).replace("torch.", "") for d in cls.supported_dtypes]
+            reasons.append(f"dtype {str(dtype).replace('torch.', '')} not in supported {names}")
+        if num_heads < 1 or num_heads % cls.head_multiple:
+            reasons.append(f"num_heads={num_heads} is not a positive multiple of {cls.head_multiple}")
+        if cls.max_heads is not None and num_heads > cls.max_heads:
+            reasons.append(f"num_heads={num_heads} exceeds the maximum {cls.max_heads}")
+        if topk < 1:
+            reasons.append(f"topk={topk} must be >= 1")
+        if cls.uses_triton:
+            reasons.extend(cls._triton_reasons(platform))
+        return reasons
+
+    @classmethod
+    def _triton_reasons(cls, platform: Platform) -> list[str]:
+        reasons = []
+        if importlib.util.find_spec("triton") is None:
+            reasons.append("the 'triton' package is not installed (pip install triton)")
+        if platform.uses_triton_interpreter and importlib.util.find_spec("numpy") is None:
+            reasons.append("the Triton interpreter (no GPU here) needs numpy (pip install numpy)")
+        return reasons
+
+    @classmethod
+    def notes(cls, platform: Platform | None = None) -> list[str]:
+        """Caveats that do not refuse the backend (shown by ``graphattn list``)."""
+        platform = platform or current_platform()
+        if cls.uses_triton and platform.uses_triton_interpreter:
+            return ["runs under the Triton interpreter (no GPU): correct but slow, small shapes"]
+        return []
+
+    @classmethod
+    def capabilities(cls, platform: Platform | None = None) -> dict[str, object]:
+        """The class data as a plain dict (for ``graphattn list`` and JSON reports)."""
+        platform = platform or current_platform()
+        heads = "any" if cls.head_multiple == 1 else f"multiple of {cls.head_multiple}"
+        if cls.max_heads is not None:
+            heads += f", <= {cls.max_heads}"
+        return {
+            "dtypes": [str(d).replace("torch.", "") for d in cls.supported_dtypes],
+            "heads": heads,
+            "pads_q": cls.pads_q,
+            "pad_multiple": platform.head_pad_multiple if cls.pads_q else None,
+            "uses_counter": cls.uses_counter,
+            "uses_workspace": cls.uses_workspace,
+            "platforms": list(cls.platforms),
+            "graph_support": cls.graph_support.name,
+            "triton": cls.uses_triton,
+        }
+
+    # -- the three phases ----------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        """Where this backend's tensors live."""
+        return self.platform.device
+
+    @property
+    def padded_heads(self) -> int | None:
+        """Head count of the q-pad buffer (``None`` when the backend does not pad)."""
+        if not self.pads_q:
+            return None
+        return _round_up(self.num_heads, self.platform.head_pad_multiple)
+
+    def make_metadata(self, max_rows: int) -> GraphMetadata:
+        """Reserve graph-safe buffers for up to ``max_rows`` query rows. Host side, not capturable.
+
+        Call once per runner, before the first capture, with
+        ``max_rows = max(max_batch_size, max_num_tokens)`` (rows are query tokens, not requests).
+        Every bucket's graph and every eager call up to ``max_rows`` then uses slices of these
+        buffers; none is ever replaced.
+        """
+        return GraphMetadata(
+            max_rows, self.num_heads, self.topk, self.dtype, self.device,
+            padded_heads=self.padded_heads,
+        )
+
+    def plan(self, metadata: GraphMetadata, indices: torch.Tensor, pad_to: int | None = None) -> None:
+        """Host-side setup for one step. **Not capturable**: call it outside any graph.
+
+        Writes ``indices [rows, topk]`` int32 (-1 = skip) into ``metadata``'s persistent index
+        table in place; rows ``rows:pad_to`` become -1 (the inert padding rows of a graph bucket).
+
+        Raises:
+            ValueError: wrong shape or dtype.
+            CapturedBufferGrowthError: more rows than a captured metadata holds.
+        """
+        if indices.dtype != torch.int32:
+            raise ValueError(f"plan: indices must be int32, got {indices.dtype}")
+        metadata.refresh_(indices, pad_to=pad_to)
+
+    def forward(
+        self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention for ``q [rows, num_heads, 576]`` over ``kv [pool, 576]``. **Capturable.**
+
+        Reads ``metadata.indices_for(rows)`` (written by :meth:`plan`). Returns
+        ``out [rows, num_heads, 512]`` (q's dtype) and ``lse [rows, num_heads]`` float32.
+        """
+        raise NotImplementedError
+
+    def check_inputs(self, q: torch.Tensor, kv: torch.Tensor) -> None:
+        """Raise ``ValueError`` unless ``q [rows, num_heads, 576]`` and ``kv [pool, 576]`` have
+        this backend's dtype. Reads only Python attributes, so it is free inside a capture."""
+        expected = (self.num_heads, D_QK)
+        if q.dim() != 3 or tuple(q.shape[1:]) != expected or q.dtype != self.dtype:
+            raise ValueError(
+                f"{self.name}: expected q [rows, {expected[0]}, {expected[1]}] {self.dtype}, "
+                f"got {tuple(q.shape)} {q.dtype}"
+            )
+        if kv.dim() != 2 or kv.shape[1] != D_QK or kv.dtype != self.dtype:
+            raise ValueError(
+                f"{self.name}: expected kv [pool, {D_QK}] {self.dtype}, got {tuple(kv.shape)} {kv.dtype}"
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(name={self.name!r}, num_heads={self.num_heads}, "
+            f"topk={self.topk}, dtype={self.dtype}, platform={self.platform.name})"
+        )
+
+
+__all__ = ["AttentionBackend", "GraphSupport", "D_QK", "D_V"]

@@ -1,0 +1,245 @@
+"""Backend names -> classes, imported lazily; ``--attn-backend``; the ``auto`` choice.
+
+Built-in backends are dotted class paths imported on first use, so listing names or parsing
+``--attn-backend`` imports no kernel. Third-party backends register either in code with
+:func:`register_backend` or, without touching graphattn, through the entry-point group
+``graphattn.backends`` in their own ``pyproject.toml``::
+
+    [project.entry-points."graphattn.backends"]
+    my_backend = "my_pkg.attention:MyBackend"
+
+An explicitly named backend that cannot run here fails loudly with its reasons; only ``auto``
+falls back (and says what it skipped at INFO level).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+from importlib.metadata import entry_points
+from typing import Union
+
+import torch
+
+from ..common.platform import Platform, current_platform
+from .base import AttentionBackend
+
+logger = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "graphattn.backends"
+ENV_VAR = "GRAPHATTN_ATTN_BACKEND"
+AUTO = "auto"
+
+_BUILTIN: dict[str, str] = {
+    "flashmla": "graphattn.backends.flashmla:FlashMLABackend",
+    "trtllm": "graphattn.backends.trtllm:TrtllmBackend",
+    "flashmla_mega": "graphattn.backends.flashmla_mega:FlashMLAMegaBackend",
+    "torch": "graphattn.backends.torch_ref:TorchBackend",
+}
+# Registered in code: a dotted path or the class itself.
+_REGISTERED: dict[str, Union[str, type]] = {}
+# Rows at or below which a decode-shaped batch prefers the split-KV kernels (they spread a few
+# rows over many CTAs); above it one program per (row, head block) already fills the device.
+FEW_ROWS = 64
+
+BackendSpec = Union[str, type]
+
+
+def builtin_backends() -> list[str]:
+    """Names of the backends that ship with graphattn."""
+    return list(_BUILTIN)
+
+
+def _entry_point_specs() -> dict[str, str]:
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _all_specs() -> dict[str, BackendSpec]:
+    # Precedence: in-code registration > entry point > built-in (so a user can override).
+    specs: dict[str, BackendSpec] = dict(_BUILTIN)
+    specs.update(_entry_point_specs())
+    specs.update(_REGISTERED)
+    return specs
+
+
+def backend_names() -> list[str]:
+    """Every registered backend name (built-in, entry points, ``register_backend``)."""
+    return list(_all_specs())
+
+
+def register_backend(name: str, backend: BackendSpec, override: bool = False) -> None:
+    """Register ``backend`` under ``name``: a class, or ``"pkg.mod:Class"`` / ``"pkg.mod.Class"``.
+
+    A string is imported only when the backend is first used.
+
+    Raises:
+        ValueError: ``name`` is ``auto`` or already registered (pass ``override=True`` to replace).
+    """
+    if name == AUTO:
+        raise ValueError(f"'{AUTO}' is reserved for the automatic choice; pick another name")
+    if name in _all_specs() and not override:
+        raise ValueError(
+            f"attention backend '{name}' is already registered; pass override=True to replace it"
+        )
+    if not isinstance(backend, (str, type)):
+        raise TypeError(f"backend must be a class or a 'pkg.mod:Class' string, got {type(backend)}")
+    _REGISTERED[name] = backend
+
+
+def unregister_backend(name: str) -> None:
+    """Remove a backend registered with :func:`register_backend` (no effect on others)."""
+    _REGISTERED.pop(name, None)
+
+
+def _unknown(name: str) -> ValueError:
+    valid = ", ".join([AUTO] + backend_names())
+    return ValueError(f"Unknown attention backend: '{name}'. Valid options are: {valid}")
+
+
+def is_class_path(name: str) -> bool:
+    """True for ``"pkg.module:Class"``: a backend named by its import path, unregistered."""
+    module, sep, attr = name.partition(":")
+    return bool(sep and module and attr.isidentifier())
+
+
+def _import(spec: str) -> type:
+    module, sep, attr = spec.partition(":")
+    if not sep:
+        module, _, attr = spec.rpartition(".")
+    return getattr(importlib.import_module(module), attr)
+
+
+def get_backend_class(name: str) -> type[AttentionBackend]:
+    """The class registered as ``name`` (imported now if needed).
+
+    ``name`` may also be an import path ``"pkg.module:Class"``, so an unregistered backend can be
+    used or checked directly (``graphattn check --attn-backend my_pkg.attn:MyBackend``).
+
+    Raises:
+        ValueError: unknown name (the message lists the valid ones).
+        TypeError: the registered object is not an :class:`AttentionBackend` subclass.
+    """
+    specs = _all_specs()
+    if name not in specs and not is_class_path(name):
+        raise _unknown(name)
+    spec = specs.get(name, name)
+    cls = _import(spec) if isinstance(spec, str) else spec
+    if not (isinstance(cls, type) and issubclass(cls, AttentionBackend)):
+        raise TypeError(
+            f"attention backend '{name}' ({spec!r}) is {cls!r}, expected a subclass of "
+            "graphattn.backends.AttentionBackend"
+        )
+    return cls
+
+
+def refusal_reasons(
+    name: str, num_heads: int, dtype: torch.dtype, topk: int, platform: Platform | None = None
+) -> list[str]:
+    """Why backend ``name`` cannot run this configuration here (``[]``: it can)."""
+    try:
+        cls = get_backend_class(name)
+    except (ImportError, AttributeError) as exc:
+        return [f"cannot import: {type(exc).__name__}: {exc}"]
+    return cls.refusal_reasons(num_heads, dtype, topk, platform)
+
+
+def available_backends(
+    num_heads: int = 128,
+    dtype: torch.dtype | None = None,
+    topk: int = 2048,
+    platform: Platform | None = None,
+) -> list[str]:
+    """Registered names that can run the configuration on ``platform`` (default: here).
+
+    ``dtype`` defaults to bfloat16 on a GPU and float16 on the CPU (the Triton interpreter's
+    bf16 ``tl.dot`` is broken in triton 3.9).
+    """
+    platform = platform or current_platform()
+    dtype = dtype or default_dtype(platform)
+    return [n for n in backend_names() if not refusal_reasons(n, num_heads, dtype, topk, platform)]
+
+
+def default_dtype(platform: Platform | None = None) -> torch.dtype:
+    """bfloat16 on a GPU; float16 where Triton runs in the interpreter (its bf16 dot is broken)."""
+    platform = platform or current_platform()
+    return torch.float16 if platform.uses_triton_interpreter else torch.bfloat16
+
+
+def auto_order(max_rows: int, platform: Platform | None = None) -> list[str]:
+    """Preference order of ``auto`` for this platform and batch size (first runnable wins).
+
+    Few rows (decode): the split-KV kernels, which spread a row's top-k across CTAs. Many rows
+    (prefill chunks, big batches): the single-pass kernel, which needs no workspace. Without a
+    GPU the Triton kernels only run in the (slow) interpreter, so the torch reference comes first.
+    """
+    platform = platform or current_platform()
+    if platform.uses_triton_interpreter:
+        return ["torch", "flashmla_mega", "trtllm", "flashmla"]
+    if max_rows <= FEW_ROWS:
+        return ["trtllm", "flashmla", "flashmla_mega", "torch"]
+    return ["flashmla_mega", "trtllm", "flashmla", "torch"]
+
+
+def resolve_backend(
+    name: str | None,
+    num_heads: int,
+    dtype: torch.dtype,
+    topk: int,
+    max_rows: int = 1,
+    platform: Platform | None = None,
+) -> type[AttentionBackend]:
+    """The backend class to use for ``--attn-backend name`` (``None`` or ``"auto"``: choose).
+
+    An explicit name never falls back: if it cannot run the configuration the error lists why.
+
+    Raises:
+        ValueError: unknown name, or the named backend refuses the configuration.
+        RuntimeError: ``auto`` found no runnable backend (lists each candidate's reasons).
+    """
+    platform = platform or current_platform()
+    name = (name or AUTO).strip()
+    if name != AUTO:
+        cls = get_backend_class(name)
+        reasons = cls.refusal_reasons(num_heads, dtype, topk, platform)
+        if reasons:
+            raise ValueError(
+                f"attention backend '{name}' cannot run num_heads={num_heads}, topk={topk}, "
+                f"dtype={dtype} on platform '{platform.name}': " + "; ".join(reasons)
+                + f". Pick another with --attn-backend (or '{AUTO}'); see `graphattn list`."
+            )
+        return cls
+    skipped = {}
+    for candidate in auto_order(max_rows, platform):
+        reasons = refusal_reasons(candidate, num_heads, dtype, topk, platform)
+        if not reasons:
+            if skipped:
+                logger.info("auto attention backend: chose %s, skipped %s", candidate, skipped)
+            return get_backend_class(candidate)
+        skipped[candidate] = reasons
+    raise RuntimeError(
+        f"no attention backend can run num_heads={num_heads}, topk={topk}, dtype={dtype} on "
+        f"platform '{platform.name}': {skipped}"
+    )
+
+
+def _check_choice(value: str) -> str:
+    if value != AUTO and value not in _all_specs() and not is_class_path(value):
+        raise argparse.ArgumentTypeError(str(_unknown(value)))
+    return value
+
+
+def add_attn_backend_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Give ``parser`` the ``--attn-backend NAME`` flag (default ``$GRAPHATTN_ATTN_BACKEND`` or auto).
+
+    Names are validated when parsed, so a typo fails at startup with the list of valid names.
+    """
+    parser.add_argument(
+        "--attn-backend",
+        type=_check_choice,
+        default=os.environ.get(ENV_VAR, AUTO),
+        metavar="NAME",
+        help=f"attention backend: {AUTO} or a registered name (built-in: "
+        f"{', '.join(builtin_backends())}; see `graphattn list`). Default: ${ENV_VAR} or {AUTO}.",
+    )

@@ -1,0 +1,169 @@
+"""The conformance checks: one backend, one batch spec, one mode, against the float64 reference.
+
+``check_case(backend, spec, mode)`` is the whole harness; the pytest plugin parametrizes it and
+any test can call it directly. Modes:
+
+* ``eager``: ``plan`` then ``forward`` per step.
+* ``full``: the step is captured as one graph per bucket by :class:`GraphRunner` (largest first,
+  one pool, one metadata); the attention call is captured inline.
+* ``breakable``: the same step, but the attention call is an ``eager_on_graph`` break between two
+  captured segments (the copies before and after it).
+
+In graph modes every step also flushes the allocator cache, allocates *victim* tensors filled
+with a sentinel (sized like every tensor the backend and metadata held at capture, so a block
+freed by a rebinding backend is handed to a victim, as in the H200 reproduction), replays with the
+sanitizer on, then checks the output, the victims, the counter (all zeros between launches) and
+that no captured buffer moved. Every failure message starts with the backend name.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+from ..backends.base import AttentionBackend, GraphSupport
+from ..common.metadata import D_QK, GraphMetadata
+from ..common.platform import Platform, current_platform
+from ..common.reference import sparse_mla_reference
+from .specs import MODES, Q_STD, BatchSpec, SuiteShape, make_indices, tolerance
+
+SENTINEL = 0xA5  # byte value victims are filled with
+
+
+@dataclass
+class CaseContext:
+    """Everything one case needs: the backend instance, spec, shapes, data generator."""
+
+    backend: AttentionBackend
+    spec: BatchSpec
+    shape: SuiteShape
+    mode: str
+    platform: Platform
+    generator: torch.Generator
+
+    @property
+    def label(self) -> str:
+        """``backend 'NAME' [spec/mode]``: the prefix of every failure message."""
+        return f"backend '{self.backend.name}' [{self.spec.name}/{self.mode}, {self.backend.dtype}]"
+
+    def randn(self, *shape: int, std: float = 1.0) -> torch.Tensor:
+        t = torch.randn(*shape, generator=self.generator, dtype=torch.float32) * std
+        return t.to(self.backend.dtype).to(self.platform.device)
+
+    def query(self, rows: int) -> torch.Tensor:
+        """``q [rows, num_heads, 576]`` at the suite's logit scale (:data:`specs.Q_STD`)."""
+        return self.randn(rows, self.spec.num_heads, D_QK, std=Q_STD)
+
+    def indices(self, rows: int) -> torch.Tensor:
+        return make_indices(self.spec, rows, self.shape.pool_tokens, self.generator, self.platform.device)
+
+
+def pick_dtype(cls: type[AttentionBackend], platform: Platform, requested: torch.dtype | None) -> torch.dtype:
+    """The requested dtype, else bf16 on a GPU / fp16 in the interpreter, else the first supported."""
+    if requested is not None:
+        return requested
+    preferred = torch.float16 if platform.uses_triton_interpreter else torch.bfloat16
+    return preferred if preferred in cls.supported_dtypes else cls.supported_dtypes[0]
+
+
+def skip_reason(cls: type[AttentionBackend], spec: BatchSpec, mode: str, dtype: torch.dtype,
+                platform: Platform | None = None) -> str | None:
+    """Why this case cannot run here (``None``: it can). Used for pytest skip markers."""
+    platform = platform or current_platform()
+    reasons = cls.refusal_reasons(spec.num_heads, dtype, spec.topk, platform)
+    if reasons:
+        return f"backend '{cls.name}' refuses this configuration: " + "; ".join(reasons)
+    if mode == "full" and cls.graph_support < GraphSupport.FULL:
+        return f"backend '{cls.name}' declares graph_support={cls.graph_support.name} (no full graph)"
+    if mode == "breakable" and cls.graph_support < GraphSupport.BREAK_ONLY:
+        return f"backend '{cls.name}' declares graph_support={cls.graph_support.name} (eager only)"
+    return None
+
+
+def check_case(
+    cls: type[AttentionBackend],
+    spec: BatchSpec,
+    mode: str,
+    shape: SuiteShape,
+    dtype: torch.dtype | None = None,
+    platform: Platform | None = None,
+    sanitize: bool = True,
+) -> None:
+    """Run one conformance case; raises ``AssertionError`` (or a ``GraphSafetyError``) on failure.
+
+    Args:
+        cls: the backend class.
+        spec: the batch spec; ``shape``: the shape set it belongs to (pool size, buckets).
+        mode: ``eager``, ``full`` or ``breakable``.
+        dtype: q/kv dtype (default: :func:`pick_dtype`).
+        sanitize: replay through the capture sanitizer (graph modes).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    platform = platform or current_platform()
+    dtype = pick_dtype(cls, platform, dtype)
+    seed = zlib.crc32(f"{spec.name}/{mode}/{shape.name}".encode())
+    ctx = CaseContext(
+        backend=cls(spec.num_heads, spec.topk, dtype, platform=platform),
+        spec=spec, shape=shape, mode=mode, platform=platform,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    try:
+        if mode == "eager":
+            _run_eager(ctx)
+        else:
+            from .graph_checks import run_graph_case
+
+            run_graph_case(ctx, sanitize=sanitize)
+    except Exception as exc:
+        if hasattr(exc, "add_note") and not isinstance(exc, AssertionError):
+            exc.add_note(f"conformance case: {ctx.label}")
+        raise
+
+
+def _run_eager(ctx: CaseContext) -> None:
+    backend, spec = ctx.backend, ctx.spec
+    metadata = backend.make_metadata(spec.max_rows)
+    kv = ctx.randn(ctx.shape.pool_tokens, D_QK)
+    for step, rows in enumerate(spec.steps):
+        q = ctx.query(rows)
+        indices = ctx.indices(rows)
+        backend.plan(metadata, indices)
+        out, lse = backend.forward(q, kv, metadata)
+        assert_matches_reference(ctx, step, q, kv, indices, out, lse)
+        check_counter_clean(ctx, metadata, step)
+
+
+def assert_matches_reference(ctx: CaseContext, step: int, q, kv, indices, out, lse) -> None:
+    """Compare ``out``/``lse`` with the float64 reference at the dtype's tolerance."""
+    rows, heads = q.shape[0], q.shape[1]
+    where = f"{ctx.label} step {step} ({rows} rows)"
+    expected_out = (rows, heads, kv.shape[1] - (D_QK - 512))
+    assert tuple(out.shape) == expected_out and out.dtype == q.dtype, (
+        f"{where}: expected out {expected_out} {q.dtype}, got {tuple(out.shape)} {out.dtype}"
+    )
+    assert tuple(lse.shape) == (rows, heads) and lse.dtype == torch.float32, (
+        f"{where}: expected lse {(rows, heads)} float32, got {tuple(lse.shape)} {lse.dtype}"
+    )
+    ref_out, ref_lse = sparse_mla_reference(q, kv, indices, ctx.backend.sm_scale)
+    tol = tolerance(q.dtype)
+    checks = (("out", out, ref_out, tol.atol, tol.rtol), ("lse", lse, ref_lse, tol.lse_atol, tol.lse_rtol))
+    for name, got, ref, atol, rtol in checks:
+        torch.testing.assert_close(
+            got.double(), ref, atol=atol, rtol=rtol,
+            msg=lambda m, name=name, atol=atol, rtol=rtol: f"{where}: {name} differs from the "
+            f"float64 reference (dtype {tol.dtype}, atol {atol}, rtol {rtol}):\n{m}",
+        )
+
+
+def check_counter_clean(ctx: CaseContext, metadata: GraphMetadata, step: int) -> None:
+    """The multi-CTA counter must be all zeros between launches (the kernel resets it)."""
+    if metadata.counter is None:
+        return
+    nonzero = int((metadata.counter.tensor != 0).sum())
+    assert nonzero == 0, (
+        f"{ctx.label} step {step}: {nonzero} multi-CTA counters are not 0 after the launch; the "
+        f"kernel must reset every counter it increments, or the next replay miscounts arrivals"
+    )

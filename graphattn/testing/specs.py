@@ -1,0 +1,168 @@
+"""Named batch specs, suite shapes and dtype tolerances of the conformance suite.
+
+A :class:`BatchSpec` is one scenario: a head count, a top-k, the index pattern, and the row
+counts of successive steps. In graph modes the steps are replayed in order, so ``(4, 1, 3)``
+shrinks and grows the batch across buckets; a step larger than every bucket runs eagerly (a
+prefill chunk) between replays, which is exactly when a backend that rebinds a captured buffer
+frees it. Two shape sets exist: ``small`` for the CPU (Triton interpreter, emulated graphs) and
+``real`` for GPUs (DeepSeek-like heads and top-k 2048).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MODES = ("eager", "full", "breakable")
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """One conformance scenario.
+
+    Attributes:
+        name: test id (``one_row``, ``decode``, ...).
+        num_heads: query heads per row.
+        topk: indices per row.
+        steps: query rows of successive steps (graph modes replay them in this order).
+        pattern: ``random`` (distinct indices spread over the pool), ``ragged`` (each row keeps a
+            different number of valid indices, the rest -1, one row has none), or
+            ``duplicates`` (indices drawn with replacement from a few tokens).
+    """
+
+    name: str
+    num_heads: int
+    topk: int
+    steps: tuple[int, ...]
+    pattern: str = "random"
+
+    @property
+    def max_rows(self) -> int:
+        """Rows the metadata must reserve: the largest step (max(max_bs, max_num_tokens))."""
+        return max(self.steps)
+
+
+@dataclass(frozen=True)
+class SuiteShape:
+    """Sizes shared by all specs of a shape set.
+
+    Attributes:
+        name: ``small`` or ``real``.
+        pool_tokens: rows of the KV pool.
+        buckets: graph batch sizes (captured largest first).
+        specs: the batch specs.
+    """
+
+    name: str
+    pool_tokens: int
+    buckets: tuple[int, ...]
+    specs: tuple[BatchSpec, ...]
+
+    def spec(self, name: str) -> BatchSpec:
+        """The spec called ``name`` (``KeyError`` listing the names otherwise)."""
+        for s in self.specs:
+            if s.name == name:
+                return s
+        raise KeyError(f"no batch spec {name!r} in shape set {self.name!r}; have {spec_names()}")
+
+
+# CPU: the Triton interpreter runs ~30 ms per program, so rows stay <= 6 and top-k <= 40; still
+# several KV blocks per row (split-KV and the counter are exercised) and a bucket miss (6 > 4).
+SMALL = SuiteShape(
+    name="small",
+    pool_tokens=128,
+    buckets=(1, 4),
+    specs=(
+        BatchSpec("one_row", num_heads=4, topk=8, steps=(1, 1)),
+        BatchSpec("decode", num_heads=16, topk=40, steps=(4, 1, 3)),
+        BatchSpec("prefill_chunk", num_heads=8, topk=24, steps=(2, 6, 1)),
+        BatchSpec("ragged", num_heads=16, topk=40, steps=(3, 4), pattern="ragged"),
+        BatchSpec("duplicates", num_heads=8, topk=16, steps=(2, 4), pattern="duplicates"),
+    ),
+)
+
+# GPU: DeepSeek-V3.2-like (128 heads at TP 1, 16 at TP 8, 64 at TP 2; top-k 2048).
+REAL = SuiteShape(
+    name="real",
+    pool_tokens=32768,
+    buckets=(1, 2, 4, 8, 16, 32, 64),
+    specs=(
+        BatchSpec("one_row", num_heads=128, topk=2048, steps=(1, 1)),
+        BatchSpec("decode", num_heads=16, topk=2048, steps=(64, 17, 1, 40, 64)),
+        BatchSpec("prefill_chunk", num_heads=64, topk=2048, steps=(8, 300, 3, 300, 33)),
+        BatchSpec("ragged", num_heads=128, topk=2048, steps=(24, 7), pattern="ragged"),
+        BatchSpec("duplicates", num_heads=16, topk=2048, steps=(5, 32), pattern="duplicates"),
+    ),
+)
+
+SHAPES = {"small": SMALL, "real": REAL}
+
+
+def spec_names() -> list[str]:
+    """Spec names (the same in every shape set)."""
+    return [s.name for s in SMALL.specs]
+
+
+def default_shape_name(has_gpu: bool) -> str:
+    """``real`` on a GPU, ``small`` where kernels run in the interpreter."""
+    return "real" if has_gpu else "small"
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """``(dtype, atol, rtol)`` for ``out`` against the float64 reference, and the ``lse`` pair.
+
+    ``lse`` is float32 from exact products of the rounded inputs, so it is held much tighter.
+    """
+
+    dtype: torch.dtype
+    atol: float
+    rtol: float
+    lse_atol: float
+    lse_rtol: float
+
+
+# Inputs are rounded to the dtype before the reference sees them, so the error left is the
+# kernel's: probabilities rounded to the dtype for the PV product, and the output rounding
+# (measured: about one ulp of the output, e.g. 1.6e-2 at |out| = 2..4 in bf16).
+TOLERANCES = {
+    torch.float32: Tolerance(torch.float32, 1e-4, 1e-4, 1e-4, 1e-5),
+    torch.float16: Tolerance(torch.float16, 2e-3, 2e-3, 1e-3, 1e-4),
+    torch.bfloat16: Tolerance(torch.bfloat16, 1e-2, 1.6e-2, 1e-3, 1e-4),
+}
+# Query scale: logits of std ~3 (peaked, like trained attention) keep |out| around 0.1..2 even
+# at top-k 2048, so a zero or mis-indexed output cannot hide under atol.
+Q_STD = 3.0
+
+
+def tolerance(dtype: torch.dtype) -> Tolerance:
+    """The tolerance for ``dtype`` (``KeyError`` naming the known dtypes otherwise)."""
+    if dtype not in TOLERANCES:
+        raise KeyError(f"no conformance tolerance for {dtype}; known: {list(TOLERANCES)}")
+    return TOLERANCES[dtype]
+
+
+def make_indices(
+    spec: BatchSpec, rows: int, pool_tokens: int, generator: torch.Generator, device
+) -> torch.Tensor:
+    """``[rows, topk]`` int32 indices of the spec's pattern (generated on the CPU, then moved)."""
+    topk = spec.topk
+    if spec.pattern == "duplicates":
+        few = max(2, min(pool_tokens, topk // 4))
+        idx = torch.randint(0, few, (rows, topk), generator=generator)
+        idx = torch.randperm(pool_tokens, generator=generator)[:few][idx]  # few tokens, anywhere
+    else:
+        idx = torch.stack(
+            [torch.randperm(pool_tokens, generator=generator)[:topk] for _ in range(rows)]
+        )
+    if spec.pattern == "ragged":
+        # Row r keeps a different count of valid indices; row 0 keeps none (out 0, lse -inf).
+        lengths = torch.randint(1, topk + 1, (rows,), generator=generator)
+        lengths[0] = 0
+        if rows > 1:
+            lengths[-1] = topk
+        idx[torch.arange(topk)[None, :] >= lengths[:, None]] = -1
+    elif spec.pattern not in ("random", "duplicates"):
+        raise ValueError(f"unknown index pattern {spec.pattern!r}")
+    return idx.to(torch.int32).to(device)

@@ -1,0 +1,136 @@
+"""Backends: capabilities, metadata layout, the q-pad and counter rules, input checks.
+
+Numerical conformance of every backend lives in test_conformance.py (the shared suite).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from graphattn.backends import GraphSupport, builtin_backends, get_backend_class
+from graphattn.common import CapturedBufferGrowthError, current_platform, sparse_mla_reference
+from graphattn.common.runner import GraphRunner
+
+DTYPE = torch.float16  # the Triton interpreter's dtype on the CPU
+HEADS, TOPK, POOL = 8, 24, 64
+
+
+def make(name: str, heads: int = HEADS, topk: int = TOPK):
+    return get_backend_class(name)(heads, topk, DTYPE)
+
+
+def inputs(rows: int, heads: int = HEADS, topk: int = TOPK):
+    q = torch.randn(rows, heads, 576).to(DTYPE)
+    idx = torch.stack([torch.randperm(POOL)[:topk] for _ in range(rows)]).to(torch.int32)
+    return q, idx
+
+
+@functools.lru_cache(maxsize=None)
+def kv_pool() -> torch.Tensor:
+    """One ``[POOL, 576]`` KV pool shared by the tests (fixed seed: independent of test order)."""
+    return torch.randn(POOL, 576, generator=torch.Generator().manual_seed(0)).to(DTYPE)
+
+
+@pytest.mark.parametrize("name", builtin_backends())
+def test_capabilities_are_class_data(name):
+    cls = get_backend_class(name)
+    caps = cls.capabilities()
+    assert caps["graph_support"] == GraphSupport.FULL.name
+    assert set(caps) >= {"dtypes", "heads", "pads_q", "uses_counter", "uses_workspace", "platforms"}
+    assert cls.refusal_reasons(16, torch.bfloat16, 2048) == []
+    assert cls.refusal_reasons(16, torch.int32, 2048) == [
+        f"dtype int32 not in supported {[str(d).replace('torch.', '') for d in cls.supported_dtypes]}"
+    ]
+
+
+def test_refused_configuration_raises_with_reasons():
+    with pytest.raises(ValueError, match=r"attention backend 'flashmla' refuses .*num_heads=0"):
+        get_backend_class("flashmla")(0, 64, torch.float16)
+
+
+def test_metadata_layout_follows_capabilities():
+    pad = current_platform().head_pad_multiple
+    md = make("flashmla").make_metadata(5)
+    assert md.q_pad.tensor.shape == (5, pad, 576) and md.counter is None and md.workspace_out is not None
+    md = make("trtllm").make_metadata(5)
+    assert md.q_pad is None and md.counter.tensor.dtype == torch.int32 and md.workspace_out is not None
+    for name in ("flashmla_mega", "torch"):
+        md = make(name).make_metadata(5)
+        assert (md.q_pad, md.counter, md.workspace_out) == (None, None, None)
+        assert md.indices.tensor.shape == (5, TOPK)
+
+
+def test_flashmla_pads_and_slices_back():
+    backend = make("flashmla", heads=4, topk=8)
+    md = backend.make_metadata(2)
+    q, idx = inputs(2, heads=4, topk=8)
+    backend.plan(md, idx)
+    out, lse = backend.forward(q, kv_pool(), md)
+    assert out.shape == (2, 4, 512) and lse.shape == (2, 4)
+    assert torch.count_nonzero(md.q_pad.tensor[:, 4:]) == 0, "q padding heads must stay zero"
+    ref_out, _ = sparse_mla_reference(q, kv_pool(), idx, backend.sm_scale)
+    torch.testing.assert_close(out.double(), ref_out, atol=4e-3, rtol=4e-3)
+
+
+def _capture(backend, md, rows: int) -> GraphRunner:
+    kv = kv_pool()
+    static = torch.zeros(rows, backend.num_heads, 576, dtype=DTYPE)
+    runner = GraphRunner(lambda q: backend.forward(q, kv, md), {"q": static}, metadata=md, buckets=[rows])
+    backend.plan(md, inputs(rows)[1], pad_to=rows)
+    runner.capture()
+    return runner
+
+
+def test_oversized_eager_call_after_capture_follows_each_rule():
+    # trtllm: counter/workspace are TEMPORARY -> an eager call past capacity gets temporaries.
+    trt = make("trtllm")
+    md = trt.make_metadata(2)
+    runner = _capture(trt, md, 2)
+    counter_ptr = md.counter.data_ptr()
+    q, idx = inputs(3)
+    with pytest.raises(CapturedBufferGrowthError, match="'indices'"):
+        trt.plan(md, idx)  # the index table is RAISE: reserve max(max_bs, max_num_tokens) up front
+    assert md.counter.data_ptr() == counter_ptr
+    # flashmla: the q-pad buffer is RAISE -> growth after capture fails loudly, never frees.
+    fm = make("flashmla")
+    md = fm.make_metadata(2)
+    _capture(fm, md, 2)
+    with pytest.raises(CapturedBufferGrowthError, match="'q_pad'"):
+        md.zero_padded_q(q)
+    assert runner.run(q=inputs(2)[0])[0].shape == (2, HEADS, 512)
+
+
+def test_counter_temporary_when_eager_rows_exceed_capture():
+    # An eager call through the counter path on more rows than captured: the captured counter
+    # stays, the call gets a fresh zeroed one (the counter rule).
+    trt = make("trtllm")
+    md = trt.make_metadata(2)
+    md.mark_captured()
+    ptr = md.counter.data_ptr()
+    tmp = md.counter_for(4)
+    assert tmp.shape[0] == 4 and tmp.data_ptr() != ptr and int(tmp.abs().sum()) == 0
+    assert md.counter.data_ptr() == ptr
+
+
+@pytest.mark.parametrize("name", builtin_backends())
+def test_input_checks(name):
+    backend = make(name)
+    md = backend.make_metadata(2)
+    q, idx = inputs(2)
+    with pytest.raises(ValueError, match="int32"):
+        backend.plan(md, idx.long())
+    with pytest.raises(ValueError, match=r"expected q \[rows, 8, 576\]"):
+        backend.forward(q[:, :4], kv_pool(), md)
+    with pytest.raises(ValueError, match=r"expected kv \[pool, 576\]"):
+        backend.forward(q, kv_pool().float(), md)
+
+
+@pytest.mark.parametrize("name", ["flashmla", "trtllm", "flashmla_mega"])
+def test_triton_backends_refuse_foreign_metadata(name):
+    backend = make(name)
+    other = make(name, heads=4).make_metadata(2)
+    with pytest.raises(ValueError, match="metadata was made for"):
+        backend.forward(inputs(2)[0], kv_pool(), other)

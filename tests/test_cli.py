@@ -1,0 +1,105 @@
+"""The ``graphattn`` command line: list, check (through pytest), bench (tiny shapes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from xml.etree import ElementTree
+
+import pytest
+
+from graphattn.backends import builtin_backends
+from graphattn.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--heads", "4", "--topk", "8", "--pool-tokens", "64", "--batch-sizes", "1,3",
+        "--layers", "3", "--measure-layers", "2", "--iters", "2", "--warmup", "1"]
+
+
+def run_cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-m", "graphattn", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_list_table(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("platform: ")
+    for name in builtin_backends():
+        assert f"\n{name} " in out
+    assert "Triton interpreter" in out  # the CPU caveat of the Triton backends
+
+
+def test_list_json_reports_reasons(capsys):
+    assert main(["list", "--json", "--dtype", "float32"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = {r["name"]: r for r in report["backends"]}
+    assert rows["torch"]["available"] and rows["torch"]["reasons"] == []
+    assert not rows["flashmla"]["available"]
+    assert "dtype float32 not in supported" in rows["flashmla"]["reasons"][0]
+    assert rows["flashmla"]["pads_q"] and rows["trtllm"]["uses_counter"]
+
+
+def test_check_runs_the_suite_and_writes_junit(tmp_path):
+    xml = tmp_path / "torch.xml"
+    proc = run_cli("check", "--attn-backend", "torch", "-k", "one_row or ragged", "--junitxml", str(xml))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "6 passed" in proc.stdout
+    suite = ElementTree.parse(xml).getroot().find("testsuite")
+    assert suite.get("name") == "graphattn-conformance" and suite.get("tests") == "6"
+    assert all("torch-" in case.get("name") for case in suite.iter("testcase"))
+
+
+def test_check_unknown_backend_exits_2(capsys):
+    assert main(["check", "--attn-backend", "nope"]) == 2
+    assert "Unknown attention backend: 'nope'. Valid options are: all, " in capsys.readouterr().err
+
+
+def test_check_failure_exit_code():
+    env_tests = str(ROOT / "tests")
+    proc = subprocess.run(
+        [sys.executable, "-m", "graphattn", "check", "--attn-backend", "broken_backend:RebindingQPadBackend",
+         "-k", "decode-full"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([env_tests, str(ROOT)])),
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FreedCaptureBufferError" in proc.stdout
+
+
+def test_bench_tiny_all_modes(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    assert main(["bench", *TINY, "--json", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "captured bucket 3 rows" in captured.err  # progress on stderr
+    report = json.loads(path.read_text())
+    assert report["backend"] == "torch" and report["requested"] == "auto" and report["ok"]
+    assert [(r["mode"], r["rows"]) for r in report["results"]] == [
+        (m, r) for m in ("eager", "full", "breakable") for r in (1, 3)
+    ]
+    for r in report["results"]:
+        assert r["layer_us"] > 0 and r["step_ms"] == pytest.approx(r["layer_us"] * 3 / 1e3)
+        assert 0 < r["roofline_fraction"]
+    assert len(report["checks"]) == 6 and "us/layer" in captured.out
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "flashmla"])
+def test_bench_triton_backend_in_interpreter(backend, capsys):
+    assert main(["bench", "--attn-backend", backend, *TINY, "--modes", "full", "--batch-sizes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"backend {backend} (requested {backend})" in out and "check [full, 2 rows]: ok" in out
+
+
+def test_bench_rejects_bad_workload(capsys):
+    assert main(["bench", "--topk", "128", "--pool-tokens", "64"]) == 2
+    assert "pool_tokens (64) must be >= topk (128)" in capsys.readouterr().err
+
+
+def test_python_dash_m_and_bad_backend():
+    proc = run_cli("bench", "--attn-backend", "nope")
+    assert proc.returncode == 2
+    assert "Unknown attention backend: 'nope'. Valid options are: auto" in proc.stderr
