@@ -117,10 +117,10 @@ def test_explicit_choice_never_falls_back():
     assert resolve_backend("torch", 16, torch.float32, 64) is TorchBackend
 
 
-def test_auto_chooses_per_platform_and_rows():
+def test_auto_chooses_per_platform_and_heads():
     gpu = GpuLikePlatform()
-    assert resolve_backend("auto", 128, torch.bfloat16, 2048, max_rows=8, platform=gpu).name == "trtllm"
-    assert resolve_backend("auto", 128, torch.bfloat16, 2048, max_rows=512, platform=gpu).name == "flashmla_mega"
+    assert resolve_backend("auto", 16, torch.bfloat16, 2048, platform=gpu).name == "trtllm"
+    assert resolve_backend("auto", 128, torch.bfloat16, 2048, platform=gpu).name == "flashmla"
     # Only the torch backend takes float32: auto falls back to it.
     assert resolve_backend(None, 16, torch.float32, 64, platform=gpu) is TorchBackend
     # Without a GPU the Triton kernels only run in the interpreter: auto prefers torch.

@@ -40,9 +40,10 @@ _BUILTIN: dict[str, str] = {
 }
 # Registered in code: a dotted path or the class itself.
 _REGISTERED: dict[str, Union[str, type]] = {}
-# Rows at or below which a decode-shaped batch prefers the split-KV kernels (they spread a few
-# rows over many CTAs); above it one program per (row, head block) already fills the device.
-FEW_ROWS = 64
+# Head counts at or below which trtllm's one-launch split-KV beat flashmla's padded split-KV
+# (flashmla pads to 64 heads, so at 16 heads it does 4x the work); above it flashmla was best
+# or within 3% of best at every measured batch size (docs/benchmarks.md, H200).
+FEW_HEADS = 16
 
 BackendSpec = Union[str, type]
 
@@ -167,19 +168,20 @@ def default_dtype(platform: Platform | None = None) -> torch.dtype:
     return torch.float16 if platform.uses_triton_interpreter else torch.bfloat16
 
 
-def auto_order(max_rows: int, platform: Platform | None = None) -> list[str]:
-    """Preference order of ``auto`` for this platform and batch size (first runnable wins).
+def auto_order(num_heads: int, platform: Platform | None = None) -> list[str]:
+    """Preference order of ``auto`` on this platform for ``num_heads`` (first runnable wins).
 
-    Few rows (decode): the split-KV kernels, which spread a row's top-k across CTAs. Many rows
-    (prefill chunks, big batches): the single-pass kernel, which needs no workspace. Without a
-    GPU the Triton kernels only run in the (slow) interpreter, so the torch reference comes first.
+    Chosen from the kernel benchmark on the H200: the split-KV kernels win or tie at every
+    batch size (they spread a row's top-k over many CTAs, and the single-pass kernel only
+    catches up at 512 rows), trtllm at few heads, flashmla above. Without a GPU the Triton
+    kernels only run in the (slow) interpreter, so the torch reference comes first.
     """
     platform = platform or current_platform()
     if platform.uses_triton_interpreter:
         return ["torch", "flashmla_mega", "trtllm", "flashmla"]
-    if max_rows <= FEW_ROWS:
+    if num_heads <= FEW_HEADS:
         return ["trtllm", "flashmla", "flashmla_mega", "torch"]
-    return ["flashmla_mega", "trtllm", "flashmla", "torch"]
+    return ["flashmla", "trtllm", "flashmla_mega", "torch"]
 
 
 def resolve_backend(
@@ -187,7 +189,6 @@ def resolve_backend(
     num_heads: int,
     dtype: torch.dtype,
     topk: int,
-    max_rows: int = 1,
     platform: Platform | None = None,
 ) -> type[AttentionBackend]:
     """The backend class to use for ``--attn-backend name`` (``None`` or ``"auto"``: choose).
@@ -211,7 +212,7 @@ def resolve_backend(
             )
         return cls
     skipped = {}
-    for candidate in auto_order(max_rows, platform):
+    for candidate in auto_order(num_heads, platform):
         reasons = refusal_reasons(candidate, num_heads, dtype, topk, platform)
         if not reasons:
             if skipped:

@@ -182,7 +182,7 @@ def run_bench(wl: DecodeWorkload, backend_name: str, modes: tuple[str, ...], ite
               platform: Platform | None = None) -> dict[str, Any]:
     """Run the benchmark; returns the report (see ``--json``)."""
     platform = platform or current_platform()
-    cls = resolve_backend(backend_name, wl.num_heads, wl.dtype, wl.topk, wl.max_rows, platform)
+    cls = resolve_backend(backend_name, wl.num_heads, wl.dtype, wl.topk, platform)
     backend = cls(wl.num_heads, wl.topk, wl.dtype, platform=platform)
     peaks = peaks or platform_peaks(platform, wl.dtype)
     progress(f"backend {cls.name} on {platform.name}; {wl.as_dict()}")
