@@ -15,30 +15,12 @@ import torch
 from graphattn.common import FreedCaptureBufferError, GraphMetadata, GraphSafetyError
 from graphattn.common.emulated import EmulatedGraphSegment
 from graphattn.common.graphs import BreakableGraph
-from graphattn.common.platform import reset_platform_cache
 from graphattn.common.runner import GraphRunner
 
 H, PH, D, E, COLS = 3, 4, 16, 8, 4  # heads, padded heads, q dim, out dim, counter columns
 
 
-@pytest.fixture(autouse=True)
-def _cpu_platform(monkeypatch):
-    """These tests use CPU tensors: pin the ``cpu`` platform even on a GPU machine."""
-    monkeypatch.setenv("GRAPHATTN_PLATFORM", "cpu")
-    reset_platform_cache()
-    yield
-    monkeypatch.undo()
-    reset_platform_cache()
-
-
-@pytest.fixture(params=["cpu", "hip"])
-def platform_name(request, monkeypatch):
-    """Run the test on the emulator directly and under HIP's segment rules over it."""
-    if request.param == "hip" and torch.cuda.is_available():
-        pytest.skip("HIP over the emulator needs a GPU-less machine; test_graphs_gpu.py covers HIP")
-    monkeypatch.setenv("GRAPHATTN_PLATFORM", request.param)
-    reset_platform_cache()
-    yield request.param
+pytestmark = pytest.mark.usefixtures("cpu_platform")
 
 
 # -- the "kernels" ------------------------------------------------------------------------

@@ -12,24 +12,7 @@ from graphattn.common.platform import current_platform, reset_platform_cache
 from graphattn.hip.graphs import HipGraphSegment
 
 
-@pytest.fixture(autouse=True)
-def _cpu_platform(monkeypatch):
-    """These tests use CPU tensors: pin the ``cpu`` platform even on a GPU machine."""
-    monkeypatch.setenv("GRAPHATTN_PLATFORM", "cpu")
-    reset_platform_cache()
-    yield
-    monkeypatch.undo()
-    reset_platform_cache()
-
-
-@pytest.fixture(params=["cpu", "hip"])
-def platform_name(request, monkeypatch):
-    """Run the test on the emulator directly and under HIP's segment rules over it."""
-    if request.param == "hip" and torch.cuda.is_available():
-        pytest.skip("HIP over the emulator needs a GPU-less machine; test_graphs_gpu.py covers HIP")
-    monkeypatch.setenv("GRAPHATTN_PLATFORM", request.param)
-    reset_platform_cache()
-    yield request.param
+pytestmark = pytest.mark.usefixtures("cpu_platform")
 
 
 calls = {"rescale": 0}
@@ -149,7 +132,7 @@ def test_capture_marks_the_buffers_and_metadata_it_used(platform_name):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="HIP over the emulator needs no GPU")
 def test_hip_rules_refuse_nested_capture(monkeypatch):
     monkeypatch.setenv("GRAPHATTN_PLATFORM", "hip")
-    reset_platform_cache()  # the autouse fixture restores the cpu platform afterwards
+    reset_platform_cache()  # the cpu_platform fixture restores the cpu platform afterwards
     assert current_platform().graph_segment_class() is HipGraphSegment
     seg = HipGraphSegment()
     assert seg.emulated and isinstance(seg._inner, EmulatedGraphSegment)

@@ -11,7 +11,6 @@ import torch
 
 from graphattn.common import FreedCaptureBufferError, GraphSafetyError, GrowOnlyBuffer
 from graphattn.common.graphs import BreakableGraph, eager_on_graph
-from graphattn.common.platform import reset_platform_cache
 from graphattn.common.sanitizer import (
     CaptureSanitizer,
     StorageTracker,
@@ -20,14 +19,7 @@ from graphattn.common.sanitizer import (
 )
 
 
-@pytest.fixture(autouse=True)
-def _cpu_platform(monkeypatch):
-    """These tests use CPU tensors: pin the ``cpu`` platform even on a GPU machine."""
-    monkeypatch.setenv("GRAPHATTN_PLATFORM", "cpu")
-    reset_platform_cache()
-    yield
-    monkeypatch.undo()
-    reset_platform_cache()
+pytestmark = pytest.mark.usefixtures("cpu_platform")
 
 
 def track(fn, *args):
