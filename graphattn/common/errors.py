@@ -11,30 +11,39 @@ class GraphSafetyError(RuntimeError):
     """Base class: an operation would make a captured graph touch memory it does not own."""
 
 
-class CapturedBufferGrowthError(GraphSafetyError):
-    """A buffer that a captured graph holds was asked to grow (which would free the captured one)."""
+class _RowCapacityError(GraphSafetyError):
+    """A request for ``requested`` rows of buffer ``name``, which holds ``capacity``."""
 
     def __init__(self, name: str, capacity: int, requested: int):
         self.name, self.capacity, self.requested = name, capacity, requested
-        super().__init__(
-            f"buffer '{name}' is held by a captured graph with capacity {capacity} rows, but "
-            f"{requested} rows were requested; growing it would free the storage the graph "
-            f"replays into. Fix: reserve at least {requested} rows (e.g. make_metadata("
-            f"max_rows={requested})) before the first capture, or split the call into chunks "
-            f"of at most {capacity} rows."
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        raise NotImplementedError
+
+
+class CapturedBufferGrowthError(_RowCapacityError):
+    """A buffer that a captured graph holds was asked to grow (which would free the captured one)."""
+
+    def _message(self) -> str:
+        return (
+            f"buffer '{self.name}' is held by a captured graph with capacity {self.capacity} "
+            f"rows, but {self.requested} rows were requested; growing it would free the storage "
+            f"the graph replays into. Fix: reserve at least {self.requested} rows (e.g. "
+            f"make_metadata(max_rows={self.requested})) before the first capture, or split the "
+            f"call into chunks of at most {self.capacity} rows."
         )
 
 
-class CaptureCapacityError(GraphSafetyError):
+class CaptureCapacityError(_RowCapacityError):
     """A capture in progress needs more rows than were reserved before it began."""
 
-    def __init__(self, name: str, capacity: int, requested: int):
-        self.name, self.capacity, self.requested = name, capacity, requested
-        super().__init__(
-            f"buffer '{name}' has capacity {capacity} rows but a graph capture requested "
-            f"{requested} rows; buffers cannot be allocated or replaced during capture. Fix: "
-            f"reserve at least {requested} rows before capturing (size for the largest bucket "
-            f"in query rows, i.e. max(max_batch_size, max_num_tokens))."
+    def _message(self) -> str:
+        return (
+            f"buffer '{self.name}' has capacity {self.capacity} rows but a graph capture "
+            f"requested {self.requested} rows; buffers cannot be allocated or replaced during "
+            f"capture. Fix: reserve at least {self.requested} rows before capturing (size for "
+            f"the largest bucket in query rows, i.e. max(max_batch_size, max_num_tokens))."
         )
 
 
