@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import ClassVar
 
 from ..common.metadata import GraphMetadata
 from .base import AttentionBackend
@@ -27,6 +28,20 @@ class TritonBackend(AttentionBackend):
     """Base of the backends whose ``forward`` is one ``torch.ops.graphattn`` Triton op."""
 
     uses_triton = True
+    kernel_path: ClassVar[str] = ""  # the graphattn.kernels path whose workspace plan sizes the metadata
+
+    def make_metadata(self, max_rows: int) -> GraphMetadata:
+        """Reserve the q-pad buffer (padding backends), the counter and the split-KV workspace
+        that :func:`split_plan` says this backend's kernel may use, for ``max_rows`` query rows.
+
+        Host side, not capturable; see :meth:`AttentionBackend.make_metadata`.
+        """
+        plan = split_plan(self.kernel_path, self.padded_heads or self.num_heads, self.topk)
+        return GraphMetadata(
+            max_rows, self.num_heads, self.topk, self.dtype, self.device,
+            padded_heads=self.padded_heads, counter_cols=plan.counter_cols,
+            num_splits=plan.num_splits, workspace_heads=plan.workspace_heads or None,
+        )
 
     def check_metadata(self, metadata: GraphMetadata) -> None:
         """Refuse metadata made for another configuration (cheap: Python attributes only)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..common.metadata import GraphMetadata
-from ._triton import TritonBackend, kernels, split_plan
+from ._triton import TritonBackend, kernels
 from .base import GraphSupport
 
 
@@ -25,20 +25,8 @@ class FlashMLABackend(TritonBackend):
     pads_q = True
     uses_workspace = True
     graph_support = GraphSupport.FULL
+    kernel_path = "flashmla"
     description = "FlashMLA-style: q padded to 64 heads, split-KV workspace + combine kernel"
-
-    def make_metadata(self, max_rows: int) -> GraphMetadata:
-        """Reserve q-pad ``[max_rows, padded_heads, 576]`` and the split-KV workspace.
-
-        Host side, not capturable; see :meth:`AttentionBackend.make_metadata`.
-        """
-        padded = self.padded_heads
-        plan = split_plan("flashmla", padded, self.topk)
-        return GraphMetadata(
-            max_rows, self.num_heads, self.topk, self.dtype, self.device,
-            padded_heads=padded, num_splits=plan.num_splits,
-            workspace_heads=plan.workspace_heads or None,
-        )
 
     def forward(
         self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata

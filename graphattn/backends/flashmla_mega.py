@@ -20,6 +20,7 @@ class FlashMLAMegaBackend(TritonBackend):
     name = "flashmla_mega"
     supported_dtypes = (torch.bfloat16, torch.float16)
     graph_support = GraphSupport.FULL
+    kernel_path = "mega"
     description = "single pass per (row, head block): no padding, counter or workspace"
 
     def forward(

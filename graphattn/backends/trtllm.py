@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..common.metadata import GraphMetadata
-from ._triton import TritonBackend, kernels, split_plan
+from ._triton import TritonBackend, kernels
 from .base import GraphSupport
 
 
@@ -24,19 +24,8 @@ class TrtllmBackend(TritonBackend):
     uses_counter = True
     uses_workspace = True
     graph_support = GraphSupport.FULL
+    kernel_path = "trtllm"
     description = "TRT-LLM-style: any heads, multi-CTA split-KV, last CTA combines (one launch)"
-
-    def make_metadata(self, max_rows: int) -> GraphMetadata:
-        """Reserve the counter ``[max_rows, cols]`` int32 (zeroed once) and the workspace.
-
-        Host side, not capturable; see :meth:`AttentionBackend.make_metadata`.
-        """
-        plan = split_plan("trtllm", self.num_heads, self.topk)
-        return GraphMetadata(
-            max_rows, self.num_heads, self.topk, self.dtype, self.device,
-            counter_cols=plan.counter_cols, num_splits=plan.num_splits,
-            workspace_heads=plan.workspace_heads or None,
-        )
 
     def forward(
         self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata
