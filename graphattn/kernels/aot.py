@@ -51,7 +51,7 @@ def _configs(path: str, target: str) -> list[dict[str, Any]]:
     return hip_configs.all_configs(path, target)
 
 
-_FIXED = {"D_NOPE": 512, "D_ROPE": 64, "DOT_F32": False, "DIRECT": False, "BLOCK_S": 32}
+_FIXED = {"D_NOPE": 512, "D_ROPE": 64, "DOT_F32": False, "DIRECT": False, "BLOCK_S": 32, "IDX_AHEAD": 0}
 
 
 def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, Any], str]]:

@@ -28,7 +28,7 @@ def _flashmla_split_kernel(
     stride_qr, stride_qh, stride_kv, stride_ir,
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
-    DIRECT: tl.constexpr, DOT_F32: tl.constexpr,
+    DIRECT: tl.constexpr, DOT_F32: tl.constexpr, IDX_AHEAD: tl.constexpr,
 ):
     # Flat grid, head block fastest: the head blocks of one row run together and share its
     # gathered KV through L2.
@@ -42,7 +42,7 @@ def _flashmla_split_kernel(
     start = split * split_len
     end = tl.minimum(start + split_len, topk)
     acc, m, l = _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_ptr + row.to(tl.int64) * stride_ir,
-                              pool, start, end, qk_scale, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32)
+                              pool, start, end, qk_scale, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32, IDX_AHEAD)
     out, lse = _finalize(acc, m, l)
     if DIRECT:
         _store_final(out_ptr, lse_ptr, row, h_offs, H, out, lse, D_NOPE)
@@ -94,7 +94,7 @@ def _launch_flashmla(q, kv, indices, sm_scale, ws_out, ws_lse, out, lse):
         heads, kv.shape[0], topk, split_len, splits, sm_scale * LOG2E,
         q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
         ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0), ws_lse.stride(1),
-        D_NOPE=D_V, D_ROPE=d_qk - D_V, DIRECT=splits == 1, DOT_F32=interp, **meta, **opts,
+        D_NOPE=D_V, D_ROPE=d_qk - D_V, DIRECT=splits == 1, DOT_F32=interp, **{"IDX_AHEAD": 0, **meta}, **opts,
     )
     if splits == 1:
         return handle

@@ -35,7 +35,7 @@ def _trtllm_kernel(
     stride_qr, stride_qh, stride_kv, stride_ir, stride_cr,
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
-    DIRECT: tl.constexpr, DOT_F32: tl.constexpr,
+    DIRECT: tl.constexpr, DOT_F32: tl.constexpr, IDX_AHEAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     head_blocks = tl.cdiv(H, BLOCK_H)
@@ -47,7 +47,7 @@ def _trtllm_kernel(
     start = split * split_len
     end = tl.minimum(start + split_len, topk)
     acc, m, l = _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_ptr + row.to(tl.int64) * stride_ir,
-                              pool, start, end, qk_scale, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32)
+                              pool, start, end, qk_scale, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32, IDX_AHEAD)
     out, lse = _finalize(acc, m, l)
     if DIRECT:
         # One split: nothing to combine and the counter is never touched.
@@ -83,7 +83,7 @@ def _launch_trtllm(q, kv, indices, sm_scale, counter, ws_out, ws_lse, out, lse, 
         q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), counter.stride(0),
         ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0), ws_lse.stride(1),
         D_NOPE=D_V, D_ROPE=d_qk - D_V, DIRECT=splits == 1,
-        DOT_F32=current_platform().uses_triton_interpreter, **meta, **opts,
+        DOT_F32=current_platform().uses_triton_interpreter, **{"IDX_AHEAD": 0, **meta}, **opts,
     )
 
 
