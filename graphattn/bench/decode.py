@@ -11,6 +11,7 @@ stderr; the table to stdout; ``--json PATH`` writes everything.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -27,6 +28,7 @@ from .workload import DecodeWorkload, make_generator
 
 MODES = ("eager", "full", "breakable")
 CHECK_ROWS = 8  # rows of each sampled output compared with the float64 reference
+WARMUP_S = 0.25  # seconds of untimed steps per point on a GPU
 # (device-name substring, bytes/s, flop/s, source). H200 figures are measured (FACTS.md).
 _GPU_PEAKS = (
     ("H200", 4.2e12, 790e12, "measured on H200: d2d copy 4.2 TB/s, bf16 matmul 790 TFLOP/s"),
@@ -108,6 +110,8 @@ class ModeBench:
         if self.runner is None:
             return
         gpu = self.platform.has_gpu
+        gc.collect()  # objects of an earlier mode (reference cycles) must not be freed mid-capture
+        self.platform.synchronize()
         before = torch.cuda.memory_allocated() if gpu else 0
         t0 = time.perf_counter()
         self.backend.plan(self.metadata, self._indices(self.wl.max_rows, 0))
@@ -133,8 +137,12 @@ class ModeBench:
         gen = make_generator(self.platform.device, self.wl.seed + 7 + rows)
         qs = self.wl.make_q(rows, self.platform.device, gen)
         idx = [self._indices(rows, self.wl.seed + 100 + rows + i) for i in range(2)]
-        for i in range(warmup):
+        # At least `warmup` steps and WARMUP_S seconds: an idle GPU needs time to reach its
+        # clocks, and the first point would otherwise be measured slow.
+        i, t_end = 0, time.perf_counter() + (WARMUP_S if self.platform.has_gpu else 0.0)
+        while i < warmup or time.perf_counter() < t_end:
             self.run(qs, idx[i % 2])
+            i += 1
         self.platform.synchronize()
         t0 = time.perf_counter()
         for i in range(iters):
@@ -207,6 +215,7 @@ def run_bench(wl: DecodeWorkload, backend_name: str, modes: tuple[str, ...], ite
             for rows in sorted({min(wl.batch_sizes), max(wl.batch_sizes)}):
                 report["checks"].append(bench.check(rows))
         del bench
+        gc.collect()  # the runner's progress callback makes a cycle; free its graphs now
         platform.empty_cache()
     report["ok"] = all(c["ok"] for c in report["checks"])
     return report
