@@ -90,6 +90,33 @@ def _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_row_ptr, pool, start, e
 
 
 @triton.jit
+def _split_program(q_ptr, kv_ptr, idx_ptr, H, pool, topk, split_len, num_splits, qk_scale,
+                   stride_qr, stride_qh, stride_kv, stride_ir,
+                   BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr,
+                   D_ROPE: tl.constexpr, DOT_F32: tl.constexpr, IDX_AHEAD: tl.constexpr):
+    """Attend this program's (row, split, head block) of a flat split-KV grid.
+
+    The head block varies fastest, so the head blocks of one row run together and share its
+    gathered KV through L2. Returns ``row, split, hb, h_offs`` and the normalised partial
+    ``out [BLOCK_H, D_NOPE]`` f32 / ``lse [BLOCK_H]`` (natural log) of indices
+    ``[split * split_len, (split + 1) * split_len)``.
+    """
+    pid = tl.program_id(0)
+    head_blocks = tl.cdiv(H, BLOCK_H)
+    hb = pid % head_blocks
+    split = (pid // head_blocks) % num_splits
+    row = pid // (head_blocks * num_splits)
+    h_offs = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    q_nope, q_rope = _load_q(q_ptr, row, h_offs, H, stride_qr, stride_qh, D_NOPE, D_ROPE, DOT_F32)
+    start = split * split_len
+    end = tl.minimum(start + split_len, topk)
+    acc, m, l = _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_ptr + row.to(tl.int64) * stride_ir,
+                              pool, start, end, qk_scale, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32, IDX_AHEAD)
+    out, lse = _finalize(acc, m, l)
+    return row, split, hb, h_offs, out, lse
+
+
+@triton.jit
 def _finalize(acc, m, l):
     """Normalise one partial: ``out = acc / l`` (0 where l == 0), natural-log lse (−inf there)."""
     empty = l == 0.0

@@ -22,7 +22,7 @@ import triton.language as tl
 from ..common.metadata import D_V
 from ..common.platform import current_platform
 from . import checks
-from ._core import LOG2E, _attend_range, _combine_splits, _finalize, _load_q, _store_final, _store_partial
+from ._core import LOG2E, _combine_splits, _split_program, _store_final, _store_partial
 from .plan import cdiv, choose_splits, launch_parts, path_config
 
 PATH = "trtllm"
@@ -37,18 +37,10 @@ def _trtllm_kernel(
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
     DIRECT: tl.constexpr, DOT_F32: tl.constexpr, IDX_AHEAD: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    head_blocks = tl.cdiv(H, BLOCK_H)
-    hb = pid % head_blocks
-    split = (pid // head_blocks) % num_splits
-    row = pid // (head_blocks * num_splits)
-    h_offs = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    q_nope, q_rope = _load_q(q_ptr, row, h_offs, H, stride_qr, stride_qh, D_NOPE, D_ROPE, DOT_F32)
-    start = split * split_len
-    end = tl.minimum(start + split_len, topk)
-    acc, m, l = _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_ptr + row.to(tl.int64) * stride_ir,
-                              pool, start, end, qk_scale, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32, IDX_AHEAD)
-    out, lse = _finalize(acc, m, l)
+    row, split, hb, h_offs, out, lse = _split_program(
+        q_ptr, kv_ptr, idx_ptr, H, pool, topk, split_len, num_splits, qk_scale,
+        stride_qr, stride_qh, stride_kv, stride_ir,
+        BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32, IDX_AHEAD)
     if DIRECT:
         # One split: nothing to combine and the counter is never touched.
         _store_final(out_ptr, lse_ptr, row, h_offs, H, out, lse, D_NOPE)
