@@ -24,14 +24,14 @@ from ..common.graphs import eager_on_graph
 from ..common.platform import Platform, current_platform
 from ..common.reference import sparse_mla_reference
 from ..common.runner import GraphRunner
-from .workload import DecodeWorkload, make_generator
+from .workload import H200_BYTES_PER_S, H200_FLOP_PER_S, DecodeWorkload, make_generator
 
 MODES = ("eager", "full", "breakable")
 CHECK_ROWS = 8  # rows of each sampled output compared with the float64 reference
 WARMUP_S = 0.25  # seconds of untimed steps per point on a GPU
 # (device-name substring, bytes/s, flop/s, source). H200 figures are measured (FACTS.md).
 _GPU_PEAKS = (
-    ("H200", 4.2e12, 790e12, "measured on H200: d2d copy 4.2 TB/s, bf16 matmul 790 TFLOP/s"),
+    ("H200", H200_BYTES_PER_S, H200_FLOP_PER_S, "measured on H200: d2d copy 4.2 TB/s, bf16 matmul 790 TFLOP/s"),
     ("H100", 3.35e12, 989e12, "H100 SXM datasheet"),
     ("MI355", 8.0e12, 2500e12, "MI355X datasheet"),
     ("MI300", 5.3e12, 1307e12, "MI300X datasheet"),

@@ -20,8 +20,8 @@ from typing import Any, Callable
 
 import torch
 
-HBM_BYTES_PER_S = 4.2e12
-PEAK_FLOPS = 790e12
+from .workload import H200_BYTES_PER_S, H200_FLOP_PER_S, attention_bytes, attention_flops
+
 COLD_BYTES = 256 << 20  # input copies per graph: at least this much KV (L2 is 50 MB)
 SHAPES = [(h, r, 2048) for h in (16, 32, 64, 128) for r in (1, 8, 64, 512)]
 SHAPES += [(h, 64, 8192) for h in (16, 64, 128)] + [(h, 8, 32768) for h in (16, 64, 128)]
@@ -31,9 +31,8 @@ PATHS = ("flashmla", "trtllm", "mega", "torch")
 
 def roofline(rows: int, heads: int, topk: int) -> tuple[float, float, float]:
     """``(bytes, flops, seconds)`` of the roofline floor for one call."""
-    nbytes = rows * topk * 576 * 2 + rows * heads * 576 * 2 + rows * heads * 512 * 2
-    flops = 2.0 * rows * heads * topk * (576 + 512)
-    return nbytes, flops, max(nbytes / HBM_BYTES_PER_S, flops / PEAK_FLOPS)
+    nbytes, flops = attention_bytes(rows, heads, topk), attention_flops(rows, heads, topk)
+    return nbytes, flops, max(nbytes / H200_BYTES_PER_S, flops / H200_FLOP_PER_S)
 
 
 def make_copies(rows: int, heads: int, topk: int, copies: int, device="cuda") -> list[dict]:

@@ -19,6 +19,21 @@ from ..common.platform import Platform
 # Query scale: logits of std ~3 (peaked, like trained attention), so outputs stay O(0.1..2) at
 # top-k 2048 and the reference check is meaningful.
 Q_STD = 3.0
+# The H200 roofline ceilings measured on our machine (FACTS.md): device-to-device copy, read +
+# write counted, and a bf16 matmul on random data.
+H200_BYTES_PER_S = 4.2e12
+H200_FLOP_PER_S = 790e12
+
+
+def attention_bytes(rows: int, heads: int, topk: int, elt: int = 2) -> int:
+    """Bytes one sparse-MLA call must move: each row's top-k KV rows read once for all heads,
+    q in and out back, real heads only (padding is not useful work); ``elt`` bytes per value."""
+    return rows * (topk * D_QK + heads * D_QK + heads * D_V) * elt
+
+
+def attention_flops(rows: int, heads: int, topk: int) -> float:
+    """``2 * rows * heads * topk * (576 for QK^T + 512 for PV)``."""
+    return 2.0 * rows * heads * topk * (D_QK + D_V)
 
 
 @dataclass(frozen=True)
@@ -96,14 +111,13 @@ class DecodeWorkload:
 
     # -- cost model ----------------------------------------------------------------------------
     def bytes_per_layer(self, rows: int) -> int:
-        """Bytes one layer must move: the gathered KV (each row's top-k rows, read once for all
-        heads), q in, out back (heads are the real ones: padding is not useful work)."""
+        """Bytes one layer must move (:func:`attention_bytes`)."""
         elt = torch.empty((), dtype=self.dtype).element_size()
-        return rows * (self.topk * D_QK + self.num_heads * D_QK + self.num_heads * D_V) * elt
+        return attention_bytes(rows, self.num_heads, self.topk, elt)
 
     def flops_per_layer(self, rows: int) -> float:
-        """2 * rows * heads * topk * (576 for QK^T + 512 for PV)."""
-        return 2.0 * rows * self.num_heads * self.topk * (D_QK + D_V)
+        """Flops of one layer (:func:`attention_flops`)."""
+        return attention_flops(rows, self.num_heads, self.topk)
 
 
 def _randn(shape, dtype, device, generator, std: float = 1.0) -> torch.Tensor:
