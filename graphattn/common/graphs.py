@@ -32,10 +32,10 @@ from .platform import Platform, current_platform
 from .sanitizer import (
     CaptureSanitizer,
     StorageTracker,
-    _children,
     collect_buffer_names,
     named_roots,
     sanitize_enabled,
+    walk_objects,
 )
 
 log = logging.getLogger(__name__)
@@ -220,7 +220,9 @@ class BreakableGraph:
         from .metadata import GraphMetadata
 
         touched = self.tracker.borrowed_cdata()
-        for obj in _reachable(roots, (GrowOnlyBuffer, GraphMetadata)):
+        for _, obj in walk_objects(roots):
+            if not isinstance(obj, (GrowOnlyBuffer, GraphMetadata)):
+                continue
             bufs = obj.buffers() if isinstance(obj, GraphMetadata) else [obj]
             if any(b.tensor.untyped_storage()._cdata in touched for b in bufs):
                 obj.mark_captured()
@@ -245,22 +247,6 @@ class BreakableGraph:
     def held_storages(self) -> list[Any]:
         """The borrowed storages the captured segments touch (``BorrowedStorage`` records)."""
         return self.tracker.borrowed()
-
-
-def _reachable(roots: list[tuple[str, Any]], kinds: tuple[type, ...], depth: int = 4) -> list:
-    """Objects of ``kinds`` reachable from the capture's roots (same walk as buffer naming)."""
-    found, seen = [], set()
-    stack = [(label, obj, depth) for label, obj in roots]
-    while stack and len(seen) < 4096:
-        label, obj, left = stack.pop()
-        if id(obj) in seen or isinstance(obj, torch.Tensor):
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, kinds):
-            found.append(obj)
-        if left > 0:
-            stack.extend((lbl, c, left - 1) for lbl, c in _children(label, obj))
-    return found
 
 
 class StreamGraphSegment:

@@ -24,7 +24,7 @@ import functools
 import inspect
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -283,6 +283,27 @@ def collect_buffer_names(roots: Iterable[tuple[str, Any]], depth: int = 4) -> di
     from .buffers import GrowOnlyBuffer
 
     names: dict[int, str] = {}
+    for label, obj in walk_objects(roots, depth, descend=lambda o: not isinstance(o, GrowOnlyBuffer)):
+        if isinstance(obj, torch.Tensor):
+            st = _storage_of(obj)
+            if st is not None:
+                names.setdefault(st._cdata, label)
+        elif isinstance(obj, GrowOnlyBuffer):
+            st = _storage_of(obj.tensor)
+            if st is not None:
+                names[st._cdata] = obj.name  # the buffer's own name beats any path
+    return names
+
+
+def walk_objects(
+    roots: Iterable[tuple[str, Any]], depth: int = 4, descend: Callable[[Any], bool] = lambda o: True
+) -> Iterator[tuple[str, Any]]:
+    """Yield ``(label, object)`` for each object reachable from ``roots``, once each.
+
+    Follows function closures and the globals they name, bound methods, partials, containers
+    and object attributes, ``depth`` steps deep and at most ``_MAX_NAME_SCAN`` objects (it runs
+    at every capture). Tensors are yielded but not entered; nor is anything ``descend`` refuses.
+    """
     seen: set[int] = set()
     stack = [(label, obj, depth) for label, obj in roots]
     while stack and len(seen) < _MAX_NAME_SCAN:
@@ -290,19 +311,9 @@ def collect_buffer_names(roots: Iterable[tuple[str, Any]], depth: int = 4) -> di
         if id(obj) in seen or obj is None:
             continue
         seen.add(id(obj))
-        if isinstance(obj, torch.Tensor):
-            st = _storage_of(obj)
-            if st is not None:
-                names.setdefault(st._cdata, label)
-            continue
-        if isinstance(obj, GrowOnlyBuffer):
-            st = _storage_of(obj.tensor)
-            if st is not None:
-                names[st._cdata] = obj.name  # the buffer's own name beats any path
-            continue
-        if left > 0:
+        yield label, obj
+        if left > 0 and not isinstance(obj, torch.Tensor) and descend(obj):
             stack.extend((lbl, child, left - 1) for lbl, child in _children(label, obj))
-    return names
 
 
 def _children(label: str, obj: Any) -> list[tuple[str, Any]]:
