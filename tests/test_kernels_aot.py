@@ -37,3 +37,18 @@ def test_every_kernel_compiles_ahead_of_time(target):
     compiled = {r["kernel"] for r in records if r.get("ok")}
     assert compiled == {"flashmla_split", "flashmla_combine", "trtllm", "mega"}, f"{target}: {compiled}"
     assert summary["failed"] == 0 and summary["compiled"] >= 4, summary
+
+
+@pytest.mark.parametrize("target", ["sm90", "gfx942", "gfx950"])
+def test_aot_jobs_compile_each_setting_as_it_runs(target):
+    """Every config's own constexprs (IDX_AHEAD, KV_MAJOR, ...) reach the compile unchanged."""
+    from graphattn.kernels import aot
+    from graphattn.kernels.plan import launch_parts
+
+    compiled = {(k, json.dumps({**m, **o}, sort_keys=True)) for k, _, m, o, _ in aot.jobs([target])}
+    for kernel, (_, _, path) in aot.KERNELS.items():
+        for cfg in aot._configs(path, target):
+            meta, opts = launch_parts(cfg)
+            hits = [key for k, key in compiled if k == kernel
+                    and {**meta, **opts}.items() <= json.loads(key).items()]
+            assert hits, f"{target} {kernel}: setting {cfg} is not compiled as configured"

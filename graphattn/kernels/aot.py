@@ -51,7 +51,7 @@ def _configs(path: str, target: str) -> list[dict[str, Any]]:
     return hip_configs.all_configs(path, target)
 
 
-_FIXED = {"D_NOPE": 512, "D_ROPE": 64, "DOT_F32": False, "DIRECT": False, "BLOCK_S": 32, "IDX_AHEAD": 0}
+_FIXED = {"D_NOPE": 512, "D_ROPE": 64, "DOT_F32": False, "DIRECT": False, "BLOCK_S": 32, "IDX_AHEAD": 0, "KV_MAJOR": 0}
 
 
 def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, Any], str]]:
@@ -62,7 +62,9 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
             names = _arg_names(kernel)
             for i, cfg in enumerate(_configs(path, target)):
                 meta, opts = launch_parts(cfg)
-                meta.update({k: v for k, v in _FIXED.items() if k in names})
+                # _FIXED fills in what the config leaves to the launcher; the config's own
+                # constexprs (IDX_AHEAD, KV_MAJOR, ...) are what runs, so they win.
+                meta = {**{k: v for k, v in _FIXED.items() if k in names}, **meta}
                 variants = [("bf16", {})]
                 if i == 0:  # dtype and the direct store do not depend on the tile settings
                     variants.append(("fp16", {}))
