@@ -14,20 +14,22 @@ python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_kernel
 tail -3 "$OUT/pytest_kernels_gpu.log"
 
 # One small call per path under memcheck: any out-of-bounds or misaligned access is an error.
-for path in flashmla trtllm mega; do
-  compute-sanitizer --tool memcheck --error-exitcode 3 python3 - "$path" \
-    >"$OUT/memcheck_$path.log" 2>&1 <<'PY' || status=1
+# flashmla runs twice: 3 rows (the 32-head tile) and 1 row (the tokens-major KV_MAJOR tile).
+for run in flashmla:3 flashmla:1 trtllm:3 mega:3; do
+  compute-sanitizer --tool memcheck --error-exitcode 3 python3 - "${run%:*}" "${run#*:}" \
+    >"$OUT/memcheck_${run/:/_rows}.log" 2>&1 <<'PY' || status=1
 import sys, torch
 from graphattn.common.metadata import GraphMetadata
 from graphattn.kernels import split_plan, sparse_mla_flashmla, sparse_mla_mega, sparse_mla_trtllm
-path = sys.argv[1]
-rows, heads, topk, pool = 3, 64 if path == "flashmla" else 20, 300, 1000
+path, rows = sys.argv[1], int(sys.argv[2])
+heads, topk, pool = 64 if path == "flashmla" else 20, 300, 1000
 q = torch.randn(rows, heads, 576, device="cuda", dtype=torch.bfloat16)
 kv = torch.randn(pool, 576, device="cuda", dtype=torch.bfloat16)
 idx = torch.randint(-1, pool + 50, (rows, topk), device="cuda", dtype=torch.int32)  # with out-of-range
 plan = split_plan(path, heads, topk)
 md = GraphMetadata(rows, heads, topk, q.dtype, "cuda", counter_cols=plan.counter_cols,
-                   num_splits=plan.num_splits, workspace_heads=plan.workspace_heads or None)
+                   num_splits=plan.num_splits, workspace_heads=plan.workspace_heads or None,
+                   workspace_partials=plan.max_partials)
 if path == "mega":
     out, lse = sparse_mla_mega(q, kv, idx, 0.04)
 elif path == "flashmla":
@@ -35,9 +37,9 @@ elif path == "flashmla":
 else:
     out, lse = sparse_mla_trtllm(q, kv, idx, 0.04, md.counter_for(rows), *md.workspace_for(rows))
 torch.cuda.synchronize()
-print(path, "finite:", bool(out.isfinite().all()), "splits:", plan.num_splits)
+print(path, rows, "rows, finite:", bool(out.isfinite().all()), "plan:", plan)
 PY
-  tail -2 "$OUT/memcheck_$path.log"
+  tail -2 "$OUT/memcheck_${run/:/_rows}.log"
 done
 
 python3 -m graphattn.bench.kernels "$@" --json "$OUT/bench_kernels.json" \

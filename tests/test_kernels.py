@@ -62,7 +62,8 @@ def run_path(path, q, kv, idx, sm_scale):
     if path == "mega":
         return (*sparse_mla_mega(q, kv, idx, sm_scale), None)
     md = GraphMetadata(rows, heads, idx.shape[1], q.dtype, q.device, counter_cols=plan.counter_cols,
-                       num_splits=plan.num_splits, workspace_heads=plan.workspace_heads)
+                       num_splits=plan.num_splits, workspace_heads=plan.workspace_heads,
+                       workspace_partials=plan.max_partials)
     ws_out, ws_lse = md.workspace_for(rows)
     ws_out.fill_(float("nan"))
     ws_lse.fill_(float("nan"))
@@ -144,7 +145,7 @@ def test_trtllm_counter_zero_after_repeated_launches():
 
 
 def test_split_plan_shapes():
-    assert split_plan("mega", 16, 2048).num_splits == 0
+    assert split_plan("mega", 16, 2048) == (0, 0, 0, 0)
     fm = split_plan("flashmla", 64, 2048)
     assert fm.num_splits >= 1 and fm.counter_cols == 0 and fm.workspace_heads == 64
     tr = split_plan("trtllm", 20, 2048)
@@ -186,6 +187,34 @@ def _bad_input_cases():
          ValueError, "head blocks"),
         ("counter dtype", lambda: sparse_mla_trtllm(q, kv, idx, 0.1, torch.zeros(2, 4), *ws), TypeError, "int32"),
     ]
+
+
+@pytest.mark.parametrize("settings", ["interpreter", "sm90", "gfx942"])
+@pytest.mark.parametrize("path,heads,topk", [("flashmla", 64, 2048), ("flashmla", 128, 2048),
+                                             ("trtllm", 20, 2048), ("trtllm", 128, 8192), ("flashmla", 64, 100)])
+def test_workspace_pool_gives_every_row_count_its_splits(monkeypatch, settings, path, heads, topk):
+    """``split_plan``'s pool holds, at every row count, the splits the launcher would choose."""
+    from graphattn.cuda import configs as cuda_configs
+    from graphattn.hip import configs as hip_configs
+    from graphattn.kernels.plan import choose_splits, path_config, usable_splits
+
+    platform = type(current_platform())
+    if settings == "sm90":
+        monkeypatch.setattr(platform, "kernel_config", lambda self, p, **kw: cuda_configs.kernel_config(p, **kw))
+    elif settings == "gfx942":
+        monkeypatch.setattr(platform, "kernel_config",
+                            lambda self, p, **kw: hip_configs.kernel_config(p, "gfx942", **kw))
+    plan = split_plan(path, heads, topk)
+    md = GraphMetadata(4096, heads, topk, torch.float16, "meta", counter_cols=plan.counter_cols,
+                       num_splits=plan.num_splits, workspace_heads=plan.workspace_heads,
+                       workspace_partials=plan.max_partials)
+    where = f"[{path} {settings} heads={heads} topk={topk} plan={plan}]"
+    assert plan.max_partials <= 1024, f"{where} the pool should stay small"
+    for rows in range(1, 1100):
+        cfg = path_config(path, rows, heads, topk)
+        want = choose_splits(rows, heads, topk, cfg)
+        got = usable_splits(rows, heads, topk, cfg, md.workspace_splits(rows))
+        assert got == want, f"{where} rows={rows}: the pool allows {got} splits, the launcher wants {want}"
 
 
 @pytest.mark.parametrize("case", range(12))

@@ -21,7 +21,7 @@ SCALE = 1 / math.sqrt(576)
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("heads,rows", [(16, 1), (32, 8), (64, 64), (128, 3), (128, 257), (16, 1024)])
+@pytest.mark.parametrize("heads,rows", [(16, 1), (32, 8), (64, 2), (64, 64), (128, 1), (128, 3), (128, 257), (16, 1024)])
 def test_bf16_real_sizes(path, heads, rows):
     heads = heads_for(path, heads)
     q, kv, idx = make_inputs(rows, heads, 2048, pool=rows * 2048 + 4096, dtype=torch.bfloat16, invalid_frac=0.1)
@@ -31,25 +31,28 @@ def test_bf16_real_sizes(path, heads, rows):
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_fp16_long_topk_and_odd_heads(path):
+@pytest.mark.parametrize("rows", [2, 5])  # flashmla: 2 rows x 64 heads run the tokens-major tile
+def test_fp16_long_topk_and_odd_heads(path, rows):
     heads = heads_for(path, 20)
-    q, kv, idx = make_inputs(5, heads, 8192 + 37, pool=50_000, dtype=torch.float16)
-    idx[3] = -1
+    q, kv, idx = make_inputs(rows, heads, 8192 + 37, pool=50_000, dtype=torch.float16)
+    idx[rows - 1] = -1  # an all-invalid row
     out, lse, counter = run_path(path, q, kv, idx, SCALE)
     check_against_reference(path, q, kv, idx, SCALE, out, lse, counter)
-    assert torch.all(lse[3] == float("-inf")) and torch.all(out[3] == 0), f"[{path}] empty row"
+    assert torch.all(lse[rows - 1] == float("-inf")) and torch.all(out[rows - 1] == 0), f"[{path}] empty row"
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_cuda_graph_replay_matches_eager(path):
+@pytest.mark.parametrize("rows", [1, 4])
+def test_cuda_graph_replay_matches_eager(path, rows):
     """Capture once, then replay with new inputs copied into the static tensors."""
     from graphattn.common.metadata import GraphMetadata
     from graphattn.kernels import split_plan, sparse_mla_flashmla, sparse_mla_mega, sparse_mla_trtllm
 
-    rows, heads, topk = 4, heads_for(path, 48), 2048
+    heads, topk = heads_for(path, 48), 2048
     plan = split_plan(path, heads, topk)
     md = GraphMetadata(rows, heads, topk, torch.bfloat16, "cuda", counter_cols=plan.counter_cols,
-                       num_splits=plan.num_splits, workspace_heads=plan.workspace_heads or None)
+                       num_splits=plan.num_splits, workspace_heads=plan.workspace_heads or None,
+                       workspace_partials=plan.max_partials)
 
     def step(q, kv, idx):
         if path == "mega":

@@ -76,10 +76,30 @@ def test_counter_overflow_after_mark_gives_eager_a_temporary():
     tmp = m.counter_for(20)
     assert tmp.dtype == torch.int32 and tmp.shape == (20, 2) and torch.all(tmp == 0)
     assert tmp.data_ptr() != ptr and m.counter.data_ptr() == ptr and m.counter.capacity == 8
-    ws_out, ws_lse = m.workspace_for(20)
-    assert ws_out.shape == (20, 3, PADDED, 512) and ws_lse.shape == (20, 3, PADDED)
-    assert m.workspace_out.capacity == 8
     assert m.counter_for(8).data_ptr() == ptr
+
+
+def test_workspace_pool_serves_every_row_count_from_one_storage():
+    # A pool of 24 partials (8 rows x 3 splits): fewer splits per row as rows grow, never more
+    # storage; past 24 rows no split fits (0), and the kernels then write out directly.
+    m = make(8)
+    pool_ptr = m.workspace_out.data_ptr()
+    m.mark_captured()
+    with capture_scope():
+        for rows, splits in [(1, 3), (8, 3), (9, 2), (12, 2), (13, 1), (24, 1), (25, 0), (100, 0)]:
+            ws_out, ws_lse = m.workspace_for(rows)
+            assert m.workspace_splits(rows) == splits
+            assert ws_out.shape == (rows, splits, PADDED, 512) and ws_lse.shape == (rows, splits, PADDED)
+            assert ws_out.untyped_storage().data_ptr() == pool_ptr
+            assert ws_lse.untyped_storage().data_ptr() == m.workspace_lse.data_ptr()
+    assert m.workspace_out.capacity == 24 and m.workspace_out.data_ptr() == pool_ptr
+
+
+def test_workspace_pool_does_not_grow_with_reserved_rows():
+    small = make(8, workspace_partials=40)
+    big = make(4096, workspace_partials=40)
+    assert small.workspace_out.nbytes() == big.workspace_out.nbytes() == 40 * PADDED * 512 * 4
+    assert big.workspace_splits(1) == 3 and big.workspace_splits(20) == 2 and big.capacity == 4096
 
 
 def test_counter_overflow_during_capture_raises():
@@ -89,8 +109,6 @@ def test_counter_overflow_during_capture_raises():
     with capture_scope():
         with pytest.raises(CaptureCapacityError, match="'multi_cta_counter'.*capacity 8.*9 rows"):
             m.counter_for(9)
-        with pytest.raises(CaptureCapacityError):
-            m.workspace_for(9)
     assert m.counter.data_ptr() == ptr
 
 

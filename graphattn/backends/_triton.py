@@ -41,6 +41,7 @@ class TritonBackend(AttentionBackend):
             max_rows, self.num_heads, self.topk, self.dtype, self.device,
             padded_heads=self.padded_heads, counter_cols=plan.counter_cols,
             num_splits=plan.num_splits, workspace_heads=plan.workspace_heads or None,
+            workspace_partials=plan.max_partials,
         )
 
     def check_metadata(self, metadata: GraphMetadata) -> None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 # The split paths load the index tile one iteration ahead (IDX_AHEAD, as on sm_90), mega does
-# not: the interpreter tests cover both forms of the KV loop.
+# not, and flashmla runs the tokens-major products (KV_MAJOR, as sm_90 does at few rows): the
+# interpreter tests cover every form of the KV loop.
 _SPLIT = {"BLOCK_H": 16, "BLOCK_N": 16, "IDX_AHEAD": 1, "num_warps": 4, "num_stages": 1,
           "max_splits": 4, "min_split_blocks": 1, "target_programs": 64}
 _CONFIGS: dict[str, dict[str, Any]] = {
-    "flashmla": _SPLIT,
+    "flashmla": {**_SPLIT, "KV_MAJOR": 1},
     "trtllm": _SPLIT,
     "mega": {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
     "flashmla_combine": {"num_warps": 4, "num_stages": 1},

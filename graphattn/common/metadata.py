@@ -2,7 +2,8 @@
 
 One object serves every graph bucket of a runner. All storage is in :class:`GrowOnlyBuffer`
 objects sized in **query rows** (a prefill chunk of N tokens is N rows), reserved before the first
-capture and pinned by it. ``refresh_`` updates per-step tensors in place for a replay and never
+capture and pinned by it; the split-KV workspace is the exception: a fixed pool of partials that
+serves every row count (more rows, fewer splits per row). ``refresh_`` updates per-step tensors in place for a replay and never
 replaces a tensor, the q-pad buffer, or the capture mark (HIP's breakable-graph rule, used on
 CUDA too).
 """
@@ -28,16 +29,19 @@ class GraphMetadata:
         device: where the buffers live.
         padded_heads: head count of the q-pad buffer; ``None`` when the kernel needs no padding.
         counter_cols: counters per row (one per head block); 0 when no counter is used.
-        num_splits: split-KV partials per row; 0 when no workspace is used.
+        num_splits: the most split-KV partials one row may use; 0 when no workspace is used.
         workspace_heads: heads per split partial (defaults to ``padded_heads or num_heads``).
+        workspace_partials: partials in the workspace pool (``split_plan(...).max_partials``);
+            ``None`` gives every reserved row all ``num_splits`` (``max_rows * num_splits``).
 
     Fields (``R`` = reserved rows):
         q_pad: ``[R, padded_heads, d_qk]`` q dtype. Heads ``num_heads:`` are zero, written once at
             allocation and never again; policy RAISE (the q-pad rule). ``None`` without padding.
         counter: ``[R, counter_cols]`` int32, zeroed once; the kernel resets it to 0 after use;
             policy TEMPORARY (the counter rule). ``None`` without a counter.
-        workspace_out: ``[R, num_splits, workspace_heads, d_v]`` float32 split partials.
-        workspace_lse: ``[R, num_splits, workspace_heads]`` float32 split log-sum-exps.
+        workspace_out: ``[P, workspace_heads, d_v]`` float32 pool of P split partials, reserved
+            once (its capacity counts partials, not rows) and never grown.
+        workspace_lse: ``[P, workspace_heads]`` float32 split log-sum-exps.
         indices: ``[R, topk]`` int32 KV-pool rows per query row, −1 = skip; the per-step tensor
             ``refresh_`` writes in place. Policy RAISE.
         num_rows: live rows written by the last ``refresh_`` (host int).
@@ -54,6 +58,7 @@ class GraphMetadata:
         counter_cols: int = 0,
         num_splits: int = 0,
         workspace_heads: int | None = None,
+        workspace_partials: int | None = None,
         d_qk: int = D_QK,
         d_v: int = D_V,
     ):
@@ -82,12 +87,13 @@ class GraphMetadata:
         )
         self.workspace_out = self.workspace_lse = None
         if num_splits:
-            self.workspace_out = buf(
-                "workspace_out", (num_splits, ws_heads, d_v), torch.float32, OverflowPolicy.TEMPORARY
-            )
-            self.workspace_lse = buf(
-                "workspace_lse", (num_splits, ws_heads), torch.float32, OverflowPolicy.TEMPORARY
-            )
+            # Sized in partials, not rows: workspace_for never asks for more than the pool holds,
+            # so the pool never grows (RAISE would only fire on a bug).
+            self.workspace_out = buf("workspace_out", (ws_heads, d_v), torch.float32, OverflowPolicy.RAISE)
+            self.workspace_lse = buf("workspace_lse", (ws_heads,), torch.float32, OverflowPolicy.RAISE)
+            partials = max_rows * num_splits if workspace_partials is None else workspace_partials
+            for b in (self.workspace_out, self.workspace_lse):
+                b.reserve(max(1, partials))
         self.indices = buf("indices", (topk,), torch.int32, OverflowPolicy.RAISE, fill=-1)
         self.reserve(max_rows)
 
@@ -97,14 +103,17 @@ class GraphMetadata:
         bufs = [self.q_pad, self.counter, self.workspace_out, self.workspace_lse, self.indices]
         return [b for b in bufs if b is not None]
 
+    def _row_buffers(self) -> list[GrowOnlyBuffer]:
+        return [b for b in (self.q_pad, self.counter, self.indices) if b is not None]
+
     @property
     def capacity(self) -> int:
-        """Rows every buffer can serve without growing."""
-        return min(b.capacity for b in self.buffers())
+        """Rows every row-sized buffer can serve without growing (the workspace pool serves all)."""
+        return min(b.capacity for b in self._row_buffers())
 
     def reserve(self, rows: int) -> None:
-        """Grow every buffer to ``rows`` query rows (before capture only)."""
-        for b in self.buffers():
+        """Grow every row-sized buffer to ``rows`` query rows (before capture only)."""
+        for b in self._row_buffers():
             b.reserve(rows)
 
     def nbytes(self) -> int:
@@ -153,11 +162,28 @@ class GraphMetadata:
             raise RuntimeError("this metadata has no multi-CTA counter (counter_cols=0)")
         return self.counter.view(rows)
 
+    def workspace_splits(self, rows: int) -> int:
+        """Splits per row the pool holds at ``rows`` rows: ``min(num_splits, P // rows)``.
+
+        0 when ``rows`` exceeds the pool: the kernels then run one split, which writes ``out``
+        directly (``split_plan`` sizes the pool so that this happens only where they would
+        choose one split anyway).
+        """
+        if self.workspace_out is None:
+            raise RuntimeError("this metadata has no split-KV workspace (num_splits=0)")
+        return min(self.num_splits, self.workspace_out.capacity // max(rows, 1))
+
     def workspace_for(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Split-KV partials ``([rows, S, Hw, d_v], [rows, S, Hw])`` float32."""
+        """Split-KV partials ``([rows, S, Hw, d_v], [rows, S, Hw])`` float32, S = workspace_splits.
+
+        Views of the first ``rows * S`` partials of the pool: every row count shares its storage.
+        """
         if self.workspace_out is None or self.workspace_lse is None:
             raise RuntimeError("this metadata has no split-KV workspace (num_splits=0)")
-        return self.workspace_out.view(rows), self.workspace_lse.view(rows)
+        s = self.workspace_splits(rows)
+        out = self.workspace_out.view(rows * s)
+        lse = self.workspace_lse.view(rows * s)
+        return out.view(rows, s, *out.shape[1:]), lse.view(rows, s, *lse.shape[1:])
 
     def indices_for(self, rows: int) -> torch.Tensor:
         """``[rows, topk]`` int32 slice of the persistent index table."""

@@ -12,20 +12,38 @@ import contextlib
 from typing import Any, Iterator
 
 SM90_SMS = 132
-# Split-KV: small batches need many programs to fill the 132 SMs. flashmla's
-# separate combine loads all splits of a head at once, so it can afford many splits; its
-# workspace is capped at 2 MB per row (splits x heads x 2 KB). trtllm's last program merges
-# the splits one after the other, so it keeps fewer, longer splits.
-WORKSPACE_BYTES_PER_ROW = 2 << 20
+# Split-KV: small batches need many programs to fill the 132 SMs. flashmla's separate combine
+# loads all splits of a head at once, so it can afford many splits (its workspace is a pool of
+# partials shared by all row counts: see graphattn.kernels.plan.split_plan). trtllm's last
+# program merges the splits one after the other, so it keeps fewer, longer splits.
+FLASHMLA_MAX_SPLITS = 32
+# With the 32-head tile (two programs per SM) flashmla keeps splits x heads x 2 KB <= 2 MB per
+# row: 16 splits at 64 heads, 8 at 128. Allowing 32 made 8 rows x topk 32768 take 17 / 9
+# splits, just over 2 x 132 programs, and a partial second wave: 229 -> 344 us at 64 heads,
+# 443 -> 689 at 128.
+PARTIAL_BYTES_PER_ROW = 2 << 20
 # flashmla at rows <= 8 asks for two programs per SM (more, shorter splits): measured 32.8 ->
 # 28.6 us at 64 heads x 8 rows; at 64 rows the same target was slower (135.6 -> 176.0 us), so
 # larger batches keep one per SM. The target never grows with rows, so neither do the splits.
 SMALL_BATCH_ROWS = 8
+# At most this many rows x heads (1 row up to 128 heads, 2 rows of 64), flashmla runs the
+# tokens-major tile (KV_MAJOR: 64 tokens x 16 heads per wgmma, one program per SM, one or two
+# tiles per program). Measured (us, 64 heads x 1 row / 128 x 1 / 64 x 2): 17.9 / 27.5 / 18.4
+# with the 32-head tile, 10.5 / 13.8 / 14.1 with this one; at 64 x 4 it was slower (23.9 vs
+# 19.7) and at 64+ rows 1.5-2x slower: it holds only two KV tiles in flight (168 KB of smem).
+KV_MAJOR_MAX_ROW_HEADS = 128
+_KV_MAJOR_TILE = {"BLOCK_H": 16, "BLOCK_N": 64, "IDX_AHEAD": 0, "KV_MAJOR": 1, "num_warps": 4, "num_stages": 2}
+
+
+def _kv_major(path: str, rows: int, heads: int) -> bool:
+    return path == "flashmla" and rows * heads <= KV_MAJOR_MAX_ROW_HEADS
 
 
 def _split_host(path: str, heads: int, rows: int) -> dict[str, Any]:
     if path == "flashmla":
-        cap = max(1, min(32, WORKSPACE_BYTES_PER_ROW // (heads * 512 * 4)))
+        if _kv_major(path, rows, heads):  # 168 KB of smem per program: one per SM
+            return {"max_splits": FLASHMLA_MAX_SPLITS, "min_split_blocks": 1, "target_programs": SM90_SMS}
+        cap = max(1, min(FLASHMLA_MAX_SPLITS, PARTIAL_BYTES_PER_ROW // (heads * 512 * 4)))
         target = 2 * SM90_SMS if rows <= SMALL_BATCH_ROWS else SM90_SMS
         return {"max_splits": cap, "min_split_blocks": 1, "target_programs": target}
     return {"max_splits": 8, "min_split_blocks": 2, "target_programs": SM90_SMS}
@@ -47,7 +65,8 @@ _OVERRIDES: dict[str, dict[str, Any]] = {}
 def _tiles(heads: int) -> dict[str, Any]:
     for max_heads, (bh, bn, warps, stages, ahead) in _TILES:
         if heads <= max_heads:
-            return {"BLOCK_H": bh, "BLOCK_N": bn, "IDX_AHEAD": ahead, "num_warps": warps, "num_stages": stages}
+            return {"BLOCK_H": bh, "BLOCK_N": bn, "IDX_AHEAD": ahead, "KV_MAJOR": 0,
+                    "num_warps": warps, "num_stages": stages}
     raise AssertionError("unreachable: the last _TILES row covers every head count")
 
 
@@ -60,7 +79,8 @@ def kernel_config(path: str, rows: int = 1, heads: int = 64, topk: int = 2048) -
     elif path == "mega":
         cfg = _tiles(heads)
     else:
-        cfg = {**_tiles(heads), **_split_host(path, heads, rows)}
+        tiles = dict(_KV_MAJOR_TILE) if _kv_major(path, rows, heads) else _tiles(heads)
+        cfg = {**tiles, **_split_host(path, heads, rows)}
     cfg.update(_OVERRIDES.get(path, {}))
     return cfg
 
@@ -69,7 +89,8 @@ def all_configs(path: str) -> list[dict[str, Any]]:
     """Every distinct setting :func:`kernel_config` can return for ``path`` (host keys dropped)."""
     if path == "flashmla_combine":
         return [dict(_COMBINE)]
-    return [_tiles(max_heads) for max_heads, _ in _TILES]
+    tiles = [_tiles(max_heads) for max_heads, _ in _TILES]
+    return tiles + [dict(_KV_MAJOR_TILE)] if path == "flashmla" else tiles
 
 
 @contextlib.contextmanager

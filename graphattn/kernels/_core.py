@@ -40,20 +40,31 @@ def _load_q(q_ptr, row, h_offs, H, stride_qr, stride_qh,
 @triton.jit
 def _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_row_ptr, pool, start, end, qk_scale,
                   BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr,
-                  D_ROPE: tl.constexpr, DOT_F32: tl.constexpr, IDX_AHEAD: tl.constexpr):
+                  D_ROPE: tl.constexpr, DOT_F32: tl.constexpr, IDX_AHEAD: tl.constexpr,
+                  KV_MAJOR: tl.constexpr):
     """Online softmax over indices ``[start, end)`` of one row.
 
     Returns ``acc [BLOCK_H, D_NOPE]`` (un-normalised, f32), ``m [BLOCK_H]`` (running max of the
     base-2 scores, −inf while nothing valid was seen) and ``l [BLOCK_H]`` (sum of exp2).
     ``IDX_AHEAD`` (constexpr 0/1): load the next tile's indices one iteration ahead, so the KV
     gather never waits on its own index load (faster on sm_90 with 3 stages; launchers default 0).
+    ``KV_MAJOR`` (constexpr 0/1): compute the transposed products ``s^T = K q^T`` and
+    ``acc^T += V^T p^T``, so the KV tile (``BLOCK_N`` tokens, ``D_NOPE`` columns) is the MMA's
+    M side and the heads its N side; on sm_90 that lets ``BLOCK_N = 64`` reach wgmma with 16-32
+    heads per program, while the heads-major form needs ``BLOCK_H >= 64`` for it.
     """
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_NOPE)
     offs_r = tl.arange(0, D_ROPE)
+    TOK: tl.constexpr = 1 - KV_MAJOR  # the tokens axis of the scores, which softmax reduces
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, D_NOPE], tl.float32)
+    if KV_MAJOR:
+        acc = tl.zeros([D_NOPE, BLOCK_H], tl.float32)
+        q_nope_t = tl.trans(q_nope)
+        q_rope_t = tl.trans(q_rope)
+    else:
+        acc = tl.zeros([BLOCK_H, D_NOPE], tl.float32)
     if IDX_AHEAD:
         # The next tile's indices are loaded one iteration ahead (a loop-carried value), so the
         # KV gather of a tile never waits on its own index load.
@@ -73,18 +84,27 @@ def _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_row_ptr, pool, start, e
         if DOT_F32:
             k_nope = k_nope.to(tl.float32)
             k_rope = k_rope.to(tl.float32)
-        s = tl.dot(q_nope, tl.trans(k_nope))
-        s = tl.dot(q_rope, tl.trans(k_rope), s)
-        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
+        if KV_MAJOR:
+            s = tl.dot(k_nope, q_nope_t)  # [BLOCK_N, BLOCK_H]
+            s = tl.dot(k_rope, q_rope_t, s)
+        else:
+            s = tl.dot(q_nope, tl.trans(k_nope))  # [BLOCK_H, BLOCK_N]
+            s = tl.dot(q_rope, tl.trans(k_rope), s)
+        s = tl.where(tl.expand_dims(valid, 1 - TOK), s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, TOK))
         # While a row has seen nothing valid m_new is -inf; subtract 0 instead (no inf - inf).
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2(m - m_ref)
-        p = tl.math.exp2(s - m_ref[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(k_nope.dtype), k_nope, acc)
+        p = tl.math.exp2(s - tl.expand_dims(m_ref, TOK))
+        l = l * alpha + tl.sum(p, TOK)
+        acc = acc * tl.expand_dims(alpha, TOK)
+        if KV_MAJOR:
+            acc = tl.dot(tl.trans(k_nope), p.to(k_nope.dtype), acc)
+        else:
+            acc = tl.dot(p.to(k_nope.dtype), k_nope, acc)
         m = m_new
+    if KV_MAJOR:
+        acc = tl.trans(acc)
     return acc, m, l
 
 
@@ -92,7 +112,8 @@ def _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_row_ptr, pool, start, e
 def _split_program(q_ptr, kv_ptr, idx_ptr, H, pool, topk, split_len, num_splits, qk_scale,
                    stride_qr, stride_qh, stride_kv, stride_ir,
                    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr,
-                   D_ROPE: tl.constexpr, DOT_F32: tl.constexpr, IDX_AHEAD: tl.constexpr):
+                   D_ROPE: tl.constexpr, DOT_F32: tl.constexpr, IDX_AHEAD: tl.constexpr,
+                   KV_MAJOR: tl.constexpr):
     """Attend this program's (row, split, head block) of a flat split-KV grid.
 
     The head block varies fastest, so the head blocks of one row run together and share its
@@ -110,7 +131,8 @@ def _split_program(q_ptr, kv_ptr, idx_ptr, H, pool, topk, split_len, num_splits,
     start = split * split_len
     end = tl.minimum(start + split_len, topk)
     acc, m, l = _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_ptr + row.to(tl.int64) * stride_ir,
-                              pool, start, end, qk_scale, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32, IDX_AHEAD)
+                              pool, start, end, qk_scale, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32, IDX_AHEAD,
+                              KV_MAJOR)
     out, lse = _finalize(acc, m, l)
     return row, split, hb, h_offs, out, lse
 

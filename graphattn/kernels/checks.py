@@ -67,7 +67,11 @@ def check_devices(path: str, q: torch.Tensor, **others: torch.Tensor) -> None:
 
 
 def check_workspace(path: str, q: torch.Tensor, ws_out: torch.Tensor, ws_lse: torch.Tensor) -> None:
-    """``ws_out [>=rows, S, >=H, 512]`` f32, ``ws_lse [>=rows, S, >=H]`` f32, S >= 1."""
+    """``ws_out [>=rows, S, >=H, 512]`` f32, ``ws_lse [>=rows, S, >=H]`` f32, S >= 0.
+
+    S = 0 (a pool too small for ``rows`` rows to split) is valid: the launch runs one split,
+    which writes ``out`` directly and never touches the workspace.
+    """
     rows, heads = q.shape[0], q.shape[1]
     fix = "size GraphMetadata with graphattn.kernels.split_plan(...) and pass workspace_for(rows)"
     if ws_out.dtype != torch.float32 or ws_lse.dtype != torch.float32:
@@ -79,10 +83,10 @@ def check_workspace(path: str, q: torch.Tensor, ws_out: torch.Tensor, ws_lse: to
         )
     if _shape(ws_out)[:3] != _shape(ws_lse):
         raise ValueError(f"{path}: ws_out {_shape(ws_out)} and ws_lse {_shape(ws_lse)} disagree; {fix}")
-    if ws_out.shape[0] < rows or ws_out.shape[2] < heads or ws_out.shape[1] < 1:
+    if ws_out.shape[0] < rows or ws_out.shape[2] < heads:
         raise ValueError(
-            f"{path}: workspace too small: holds {ws_out.shape[0]} rows x {ws_out.shape[1]} splits x "
-            f"{ws_out.shape[2]} heads, need >= {rows} rows x 1 split x {heads} heads; {fix}"
+            f"{path}: workspace too small: holds {ws_out.shape[0]} rows x {ws_out.shape[2]} heads, "
+            f"need >= {rows} rows x {heads} heads; {fix}"
         )
     if ws_out.stride(-1) != 1 or ws_lse.stride(-1) != 1:
         raise ValueError(f"{path}: workspace needs a contiguous last dim (stride 1); {fix}")

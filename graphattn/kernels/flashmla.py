@@ -16,7 +16,7 @@ from ..common.metadata import D_V
 from ..common.platform import current_platform
 from . import checks
 from ._core import LOG2E, _split_program, _store_final, _store_partial
-from .plan import cdiv, choose_splits, launch_parts, path_config
+from .plan import cdiv, launch_parts, path_config, usable_splits
 
 PATH = "flashmla"
 
@@ -28,12 +28,12 @@ def _flashmla_split_kernel(
     stride_qr, stride_qh, stride_kv, stride_ir,
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
-    DIRECT: tl.constexpr, DOT_F32: tl.constexpr, IDX_AHEAD: tl.constexpr,
+    DIRECT: tl.constexpr, DOT_F32: tl.constexpr, IDX_AHEAD: tl.constexpr, KV_MAJOR: tl.constexpr,
 ):
     row, split, hb, h_offs, out, lse = _split_program(
         q_ptr, kv_ptr, idx_ptr, H, pool, topk, split_len, num_splits, qk_scale,
         stride_qr, stride_qh, stride_kv, stride_ir,
-        BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32, IDX_AHEAD)
+        BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32, IDX_AHEAD, KV_MAJOR)
     if DIRECT:
         _store_final(out_ptr, lse_ptr, row, h_offs, H, out, lse, D_NOPE)
     else:
@@ -73,7 +73,7 @@ def _launch_flashmla(q, kv, indices, sm_scale, ws_out, ws_lse, out, lse):
     rows, heads, d_qk = q.shape
     topk = indices.shape[1]
     cfg = path_config(PATH, rows, heads, topk)
-    splits = min(choose_splits(rows, heads, topk, cfg), ws_out.shape[1])
+    splits = usable_splits(rows, heads, topk, cfg, ws_out.shape[1])
     meta, opts = launch_parts(cfg)
     split_len = cdiv(cdiv(topk, splits), meta["BLOCK_N"]) * meta["BLOCK_N"]
     splits = cdiv(topk, split_len)  # rounding split_len up can leave trailing splits empty
@@ -84,7 +84,7 @@ def _launch_flashmla(q, kv, indices, sm_scale, ws_out, ws_lse, out, lse):
         heads, kv.shape[0], topk, split_len, splits, sm_scale * LOG2E,
         q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
         ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0), ws_lse.stride(1),
-        D_NOPE=D_V, D_ROPE=d_qk - D_V, DIRECT=splits == 1, DOT_F32=interp, **{"IDX_AHEAD": 0, **meta}, **opts,
+        D_NOPE=D_V, D_ROPE=d_qk - D_V, DIRECT=splits == 1, DOT_F32=interp, **{"IDX_AHEAD": 0, "KV_MAJOR": 0, **meta}, **opts,
     )
     if splits == 1:
         return handle
@@ -119,7 +119,8 @@ def sparse_mla_flashmla(
             ``[0, pool_tokens)``** is skipped (never read); duplicates count each time.
         sm_scale: softmax scale applied to ``q·k``.
         ws_out: ``[>=rows, S, >=H, 512]`` f32 workspace (``GraphMetadata.workspace_for(rows)``),
-            overwritten with normalised split partials; the op uses at most ``S`` splits.
+            overwritten with normalised split partials; the op uses at most ``S`` splits
+            (``S = 0``: one split, written directly, workspace untouched).
         ws_lse: ``[>=rows, S, >=H]`` f32 workspace (split lse, natural log).
 
     Returns:

@@ -25,7 +25,7 @@ def _mega_kernel(
     q_ptr, kv_ptr, idx_ptr, out_ptr, lse_ptr,
     H, pool, topk, qk_scale, stride_qr, stride_qh, stride_kv, stride_ir,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
-    DOT_F32: tl.constexpr, IDX_AHEAD: tl.constexpr,
+    DOT_F32: tl.constexpr, IDX_AHEAD: tl.constexpr, KV_MAJOR: tl.constexpr,
 ):
     # Head block fastest: the programs of one row run together and share its KV through L2.
     pid = tl.program_id(0)
@@ -35,7 +35,8 @@ def _mega_kernel(
     h_offs = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     q_nope, q_rope = _load_q(q_ptr, row, h_offs, H, stride_qr, stride_qh, D_NOPE, D_ROPE, DOT_F32)
     acc, m, l = _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_ptr + row.to(tl.int64) * stride_ir,
-                              pool, 0, topk, qk_scale, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32, IDX_AHEAD)
+                              pool, 0, topk, qk_scale, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32, IDX_AHEAD,
+                              KV_MAJOR)
     out, lse = _finalize(acc, m, l)
     _store_final(out_ptr, lse_ptr, row, h_offs, H, out, lse, D_NOPE)
 
@@ -51,7 +52,7 @@ def _launch_mega(q, kv, indices, sm_scale, out, lse):
         heads, kv.shape[0], topk, sm_scale * LOG2E,
         q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
         D_NOPE=D_V, D_ROPE=d_qk - D_V, DOT_F32=current_platform().uses_triton_interpreter,
-        **{"IDX_AHEAD": 0, **meta}, **opts,
+        **{"IDX_AHEAD": 0, "KV_MAJOR": 0, **meta}, **opts,
     )
 
 

@@ -18,21 +18,23 @@ PATHS = ("flashmla", "trtllm", "mega")
 HOST_KEYS = ("max_splits", "min_split_blocks", "target_programs")
 # The smallest BLOCK_H any config may use (tl.dot needs M >= 16); counters are sized for it.
 MIN_BLOCK_H = 16
-# Rows probed by split_plan; choose_splits never increases with rows, so row 1 bounds it.
-_PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384)
 
 
 class SplitPlan(NamedTuple):
     """The largest split-KV resources a path may use at given sizes (size metadata with it).
 
-    num_splits: split partials per row the workspace must hold (0: no workspace).
+    num_splits: the most split partials one row may use, at any row count (0: no workspace).
     counter_cols: multi-CTA counters per row (0: no counter); one per head block.
     workspace_heads: heads per partial (0 when there is no workspace).
+    max_partials: the most partials one launch writes, over every row count (``rows x splits``
+        where it splits; 0: no workspace). The workspace is a pool of this many partials that
+        serves every row count, so it does not grow with the batch: more rows, fewer splits.
     """
 
     num_splits: int
     counter_cols: int
     workspace_heads: int
+    max_partials: int
 
 
 def cdiv(a: int, b: int) -> int:
@@ -82,16 +84,33 @@ def split_plan(path: str, num_heads: int, topk: int) -> SplitPlan:
 
     Returns:
         :class:`SplitPlan`; pass its fields to ``GraphMetadata(num_splits=, counter_cols=,
-        workspace_heads=)``. At call time a path uses at most the splits the workspace holds.
+        workspace_heads=, workspace_partials=max_partials)``. At call time a path uses at most
+        the splits the workspace holds.
     """
     if path not in PATHS:
         raise ValueError(f"Unknown kernel path: {path!r}. Valid options are: {', '.join(PATHS)}")
     if num_heads < 1 or topk < 1:
         raise ValueError(f"split_plan: num_heads and topk must be >= 1, got {num_heads}, {topk}")
     if path == "mega":
-        return SplitPlan(0, 0, 0)
-    splits = max(
-        choose_splits(r, num_heads, topk, path_config(path, r, num_heads, topk)) for r in _PROBE_ROWS
-    )
+        return SplitPlan(0, 0, 0, 0)
+    most_splits, partials, rows = 1, 0, 1
+    while True:
+        cfg = path_config(path, rows, num_heads, topk)
+        splits = choose_splits(rows, num_heads, topk, cfg)
+        # Not always at 1 row: the tile (and so the split granularity) may change with rows.
+        most_splits = max(most_splits, splits)
+        if splits > 1:
+            partials = max(partials, rows * splits)
+        # Past ``target_programs`` rows every head block of every row is already a program:
+        # one split from here on (the target never grows with rows), so no workspace is used.
+        if rows >= (cfg.get("target_programs") or current_platform().num_compute_units()):
+            break
+        rows += 1
     counter_cols = cdiv(num_heads, MIN_BLOCK_H) if path == "trtllm" else 0
-    return SplitPlan(splits, counter_cols, num_heads)
+    return SplitPlan(most_splits, counter_cols, num_heads, partials)
+
+
+def usable_splits(rows: int, heads: int, topk: int, cfg: dict[str, Any], ws_splits: int) -> int:
+    """Splits a launch uses: :func:`choose_splits`, at most the ``ws_splits`` the workspace
+    holds per row, at least 1 (one split writes ``out`` directly and needs no workspace)."""
+    return max(1, min(choose_splits(rows, heads, topk, cfg), ws_splits))

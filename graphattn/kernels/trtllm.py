@@ -23,7 +23,7 @@ from ..common.metadata import D_V
 from ..common.platform import current_platform
 from . import checks
 from ._core import LOG2E, _combine_splits, _split_program, _store_final, _store_partial
-from .plan import cdiv, choose_splits, launch_parts, path_config
+from .plan import cdiv, launch_parts, path_config, usable_splits
 
 PATH = "trtllm"
 
@@ -35,12 +35,12 @@ def _trtllm_kernel(
     stride_qr, stride_qh, stride_kv, stride_ir, stride_cr,
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
-    DIRECT: tl.constexpr, DOT_F32: tl.constexpr, IDX_AHEAD: tl.constexpr,
+    DIRECT: tl.constexpr, DOT_F32: tl.constexpr, IDX_AHEAD: tl.constexpr, KV_MAJOR: tl.constexpr,
 ):
     row, split, hb, h_offs, out, lse = _split_program(
         q_ptr, kv_ptr, idx_ptr, H, pool, topk, split_len, num_splits, qk_scale,
         stride_qr, stride_qh, stride_kv, stride_ir,
-        BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32, IDX_AHEAD)
+        BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32, IDX_AHEAD, KV_MAJOR)
     if DIRECT:
         # One split: nothing to combine and the counter is never touched.
         _store_final(out_ptr, lse_ptr, row, h_offs, H, out, lse, D_NOPE)
@@ -75,7 +75,7 @@ def _launch_trtllm(q, kv, indices, sm_scale, counter, ws_out, ws_lse, out, lse, 
         q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), counter.stride(0),
         ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0), ws_lse.stride(1),
         D_NOPE=D_V, D_ROPE=d_qk - D_V, DIRECT=splits == 1,
-        DOT_F32=current_platform().uses_triton_interpreter, **{"IDX_AHEAD": 0, **meta}, **opts,
+        DOT_F32=current_platform().uses_triton_interpreter, **{"IDX_AHEAD": 0, "KV_MAJOR": 0, **meta}, **opts,
     )
 
 
@@ -104,7 +104,8 @@ def sparse_mla_trtllm(
         sm_scale: softmax scale applied to ``q·k``.
         counter: ``[>=rows, >=ceil(H / BLOCK_H)]`` int32, **all zeros** on entry
             (``GraphMetadata.counter_for(rows)``); all zeros again when the launch finishes.
-        ws_out: ``[>=rows, S, >=H, 512]`` f32 workspace for normalised split partials.
+        ws_out: ``[>=rows, S, >=H, 512]`` f32 workspace for normalised split partials; at most
+            ``S`` splits run (``S = 0``: one split, written directly, workspace untouched).
         ws_lse: ``[>=rows, S, >=H]`` f32 workspace (split lse, natural log).
 
     Returns:
@@ -116,7 +117,7 @@ def sparse_mla_trtllm(
     out = torch.empty(rows, heads, D_V, dtype=q.dtype, device=q.device)
     lse = torch.empty(rows, heads, dtype=torch.float32, device=q.device)
     if rows:
-        splits = min(choose_splits(rows, heads, indices.shape[1], cfg), ws_out.shape[1])
+        splits = usable_splits(rows, heads, indices.shape[1], cfg, ws_out.shape[1])
         _launch_trtllm(q, kv, indices, sm_scale, counter, ws_out, ws_lse, out, lse, cfg, splits)
     return out, lse
 
