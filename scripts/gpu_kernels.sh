@@ -27,9 +27,7 @@ q = torch.randn(rows, heads, 576, device="cuda", dtype=torch.bfloat16)
 kv = torch.randn(pool, 576, device="cuda", dtype=torch.bfloat16)
 idx = torch.randint(-1, pool + 50, (rows, topk), device="cuda", dtype=torch.int32)  # with out-of-range
 plan = split_plan(path, heads, topk)
-md = GraphMetadata(rows, heads, topk, q.dtype, "cuda", counter_cols=plan.counter_cols,
-                   num_splits=plan.num_splits, workspace_heads=plan.workspace_heads or None,
-                   workspace_partials=plan.max_partials)
+md = GraphMetadata(rows, heads, topk, q.dtype, "cuda", **plan.metadata_kwargs())
 if path == "mega":
     out, lse = sparse_mla_mega(q, kv, idx, 0.04)
 elif path == "flashmla":

@@ -61,9 +61,7 @@ def run_path(path, q, kv, idx, sm_scale):
     plan = split_plan(path, heads, idx.shape[1])
     if path == "mega":
         return (*sparse_mla_mega(q, kv, idx, sm_scale), None)
-    md = GraphMetadata(rows, heads, idx.shape[1], q.dtype, q.device, counter_cols=plan.counter_cols,
-                       num_splits=plan.num_splits, workspace_heads=plan.workspace_heads,
-                       workspace_partials=plan.max_partials)
+    md = GraphMetadata(rows, heads, idx.shape[1], q.dtype, q.device, **plan.metadata_kwargs())
     ws_out, ws_lse = md.workspace_for(rows)
     ws_out.fill_(float("nan"))
     ws_lse.fill_(float("nan"))
@@ -205,9 +203,7 @@ def test_workspace_pool_gives_every_row_count_its_splits(monkeypatch, settings, 
         monkeypatch.setattr(platform, "kernel_config",
                             lambda self, p, **kw: hip_configs.kernel_config(p, "gfx942", **kw))
     plan = split_plan(path, heads, topk)
-    md = GraphMetadata(4096, heads, topk, torch.float16, "meta", counter_cols=plan.counter_cols,
-                       num_splits=plan.num_splits, workspace_heads=plan.workspace_heads,
-                       workspace_partials=plan.max_partials)
+    md = GraphMetadata(4096, heads, topk, torch.float16, "meta", **plan.metadata_kwargs())
     where = f"[{path} {settings} heads={heads} topk={topk} plan={plan}]"
     assert plan.max_partials <= 1024, f"{where} the pool should stay small"
     for rows in range(1, 1100):

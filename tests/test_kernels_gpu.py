@@ -50,9 +50,7 @@ def test_cuda_graph_replay_matches_eager(path, rows):
 
     heads, topk = heads_for(path, 48), 2048
     plan = split_plan(path, heads, topk)
-    md = GraphMetadata(rows, heads, topk, torch.bfloat16, "cuda", counter_cols=plan.counter_cols,
-                       num_splits=plan.num_splits, workspace_heads=plan.workspace_heads or None,
-                       workspace_partials=plan.max_partials)
+    md = GraphMetadata(rows, heads, topk, torch.bfloat16, "cuda", **plan.metadata_kwargs())
 
     def step(q, kv, idx):
         if path == "mega":

@@ -39,9 +39,7 @@ class TritonBackend(AttentionBackend):
         plan = split_plan(self.kernel_path, self.padded_heads or self.num_heads, self.topk)
         return GraphMetadata(
             max_rows, self.num_heads, self.topk, self.dtype, self.device,
-            padded_heads=self.padded_heads, counter_cols=plan.counter_cols,
-            num_splits=plan.num_splits, workspace_heads=plan.workspace_heads or None,
-            workspace_partials=plan.max_partials,
+            padded_heads=self.padded_heads, **plan.metadata_kwargs(),
         )
 
     def check_metadata(self, metadata: GraphMetadata) -> None:

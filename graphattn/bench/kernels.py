@@ -72,8 +72,7 @@ def path_fn(path: str, rows: int, heads: int, topk: int) -> Callable[[dict], Any
     kh = 64 * math.ceil(heads / 64) if path == "flashmla" else heads
     plan = split_plan(path, kh, topk)
     md = GraphMetadata(rows, heads, topk, torch.bfloat16, "cuda", padded_heads=kh if path == "flashmla" else None,
-                       counter_cols=plan.counter_cols, num_splits=plan.num_splits, workspace_heads=plan.workspace_heads,
-                       workspace_partials=plan.max_partials)
+                       **plan.metadata_kwargs())
     ws = md.workspace_for(rows)
     if path == "flashmla":
         def run(s):

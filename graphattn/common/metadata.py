@@ -3,9 +3,9 @@
 One object serves every graph bucket of a runner. All storage is in :class:`GrowOnlyBuffer`
 objects sized in **query rows** (a prefill chunk of N tokens is N rows), reserved before the first
 capture and pinned by it; the split-KV workspace is the exception: a fixed pool of partials that
-serves every row count (more rows, fewer splits per row). ``refresh_`` updates per-step tensors in place for a replay and never
-replaces a tensor, the q-pad buffer, or the capture mark (HIP's breakable-graph rule, used on
-CUDA too).
+serves every row count (more rows, fewer splits per row). ``refresh_`` updates per-step tensors
+in place for a replay and never replaces a tensor, the q-pad buffer, or the capture mark (HIP's
+breakable-graph rule, used on CUDA too).
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ class GraphMetadata:
         self._captured = False
         self.num_rows = 0
 
-        def buf(name, row_shape, dt, policy, fill=0):
-            return GrowOnlyBuffer(name, row_shape, dt, self.device, policy, 0, fill)
+        def buf(name, row_shape, dt, policy, fill=0, rows=0):
+            return GrowOnlyBuffer(name, row_shape, dt, self.device, policy, rows, fill)
 
         self.q_pad = (
             buf("q_pad", (padded_heads, d_qk), dtype, OverflowPolicy.RAISE)
@@ -89,11 +89,14 @@ class GraphMetadata:
         if num_splits:
             # Sized in partials, not rows: workspace_for never asks for more than the pool holds,
             # so the pool never grows (RAISE would only fire on a bug).
-            self.workspace_out = buf("workspace_out", (ws_heads, d_v), torch.float32, OverflowPolicy.RAISE)
-            self.workspace_lse = buf("workspace_lse", (ws_heads,), torch.float32, OverflowPolicy.RAISE)
             partials = max_rows * num_splits if workspace_partials is None else workspace_partials
-            for b in (self.workspace_out, self.workspace_lse):
-                b.reserve(max(1, partials))
+            pool = max(1, partials)
+            self.workspace_out = buf(
+                "workspace_out", (ws_heads, d_v), torch.float32, OverflowPolicy.RAISE, rows=pool
+            )
+            self.workspace_lse = buf(
+                "workspace_lse", (ws_heads,), torch.float32, OverflowPolicy.RAISE, rows=pool
+            )
         self.indices = buf("indices", (topk,), torch.int32, OverflowPolicy.RAISE, fill=-1)
         self.reserve(max_rows)
 
@@ -178,9 +181,7 @@ class GraphMetadata:
 
         Views of the first ``rows * S`` partials of the pool: every row count shares its storage.
         """
-        if self.workspace_out is None or self.workspace_lse is None:
-            raise RuntimeError("this metadata has no split-KV workspace (num_splits=0)")
-        s = self.workspace_splits(rows)
+        s = self.workspace_splits(rows)  # raises when there is no workspace
         out = self.workspace_out.view(rows * s)
         lse = self.workspace_lse.view(rows * s)
         return out.view(rows, s, *out.shape[1:]), lse.view(rows, s, *lse.shape[1:])

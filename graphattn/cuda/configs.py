@@ -39,9 +39,9 @@ def _kv_major(path: str, rows: int, heads: int) -> bool:
     return path == "flashmla" and rows * heads <= KV_MAJOR_MAX_ROW_HEADS
 
 
-def _split_host(path: str, heads: int, rows: int) -> dict[str, Any]:
+def _split_host(path: str, heads: int, rows: int, kv_major: bool) -> dict[str, Any]:
     if path == "flashmla":
-        if _kv_major(path, rows, heads):  # 168 KB of smem per program: one per SM
+        if kv_major:  # 168 KB of smem per program: one per SM
             return {"max_splits": FLASHMLA_MAX_SPLITS, "min_split_blocks": 1, "target_programs": SM90_SMS}
         cap = max(1, min(FLASHMLA_MAX_SPLITS, PARTIAL_BYTES_PER_ROW // (heads * 512 * 4)))
         target = 2 * SM90_SMS if rows <= SMALL_BATCH_ROWS else SM90_SMS
@@ -79,8 +79,9 @@ def kernel_config(path: str, rows: int = 1, heads: int = 64, topk: int = 2048) -
     elif path == "mega":
         cfg = _tiles(heads)
     else:
-        tiles = dict(_KV_MAJOR_TILE) if _kv_major(path, rows, heads) else _tiles(heads)
-        cfg = {**tiles, **_split_host(path, heads, rows)}
+        kv_major = _kv_major(path, rows, heads)
+        tiles = dict(_KV_MAJOR_TILE) if kv_major else _tiles(heads)
+        cfg = {**tiles, **_split_host(path, heads, rows, kv_major)}
     cfg.update(_OVERRIDES.get(path, {}))
     return cfg
 

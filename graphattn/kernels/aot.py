@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from .plan import launch_parts
+from .plan import LOOP_DEFAULTS, launch_parts
 
 TARGETS = {"sm90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64), "gfx950": ("hip", "gfx950", 64)}
 # kernel name -> (module, function, config path)
@@ -51,7 +51,7 @@ def _configs(path: str, target: str) -> list[dict[str, Any]]:
     return hip_configs.all_configs(path, target)
 
 
-_FIXED = {"D_NOPE": 512, "D_ROPE": 64, "DOT_F32": False, "DIRECT": False, "BLOCK_S": 32, "IDX_AHEAD": 0, "KV_MAJOR": 0}
+_FIXED = {"D_NOPE": 512, "D_ROPE": 64, "DOT_F32": False, "DIRECT": False, "BLOCK_S": 32, **LOOP_DEFAULTS}
 
 
 def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, Any], str]]:

@@ -16,7 +16,7 @@ from ..common.metadata import D_V
 from ..common.platform import current_platform
 from . import checks
 from ._core import LOG2E, _split_program, _store_final, _store_partial
-from .plan import cdiv, launch_parts, path_config, usable_splits
+from .plan import cdiv, empty_outputs, launch_parts, path_config, split_layout
 
 PATH = "flashmla"
 
@@ -73,10 +73,8 @@ def _launch_flashmla(q, kv, indices, sm_scale, ws_out, ws_lse, out, lse):
     rows, heads, d_qk = q.shape
     topk = indices.shape[1]
     cfg = path_config(PATH, rows, heads, topk)
-    splits = usable_splits(rows, heads, topk, cfg, ws_out.shape[1])
+    splits, split_len = split_layout(rows, heads, topk, cfg, ws_out.shape[1])
     meta, opts = launch_parts(cfg)
-    split_len = cdiv(cdiv(topk, splits), meta["BLOCK_N"]) * meta["BLOCK_N"]
-    splits = cdiv(topk, split_len)  # rounding split_len up can leave trailing splits empty
     interp = current_platform().uses_triton_interpreter
     grid = (rows * splits * cdiv(heads, meta["BLOCK_H"]),)
     handle = _flashmla_split_kernel[grid](
@@ -84,7 +82,7 @@ def _launch_flashmla(q, kv, indices, sm_scale, ws_out, ws_lse, out, lse):
         heads, kv.shape[0], topk, split_len, splits, sm_scale * LOG2E,
         q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
         ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0), ws_lse.stride(1),
-        D_NOPE=D_V, D_ROPE=d_qk - D_V, DIRECT=splits == 1, DOT_F32=interp, **{"IDX_AHEAD": 0, "KV_MAJOR": 0, **meta}, **opts,
+        D_NOPE=D_V, D_ROPE=d_qk - D_V, DIRECT=splits == 1, DOT_F32=interp, **meta, **opts,
     )
     if splits == 1:
         return handle
@@ -128,10 +126,8 @@ def sparse_mla_flashmla(
         no valid index gives out 0 and lse −inf.
     """
     _check(q, kv, indices, ws_out, ws_lse)
-    rows, heads, _ = q.shape
-    out = torch.empty(rows, heads, D_V, dtype=q.dtype, device=q.device)
-    lse = torch.empty(rows, heads, dtype=torch.float32, device=q.device)
-    if rows:
+    out, lse = empty_outputs(q)
+    if q.shape[0]:
         _launch_flashmla(q, kv, indices, sm_scale, ws_out, ws_lse, out, lse)
     return out, lse
 
@@ -139,5 +135,4 @@ def sparse_mla_flashmla(
 @sparse_mla_flashmla.register_fake
 def _(q, kv, indices, sm_scale, ws_out, ws_lse):
     _check(q, kv, indices, ws_out, ws_lse)
-    rows, heads, _ = q.shape
-    return q.new_empty(rows, heads, D_V), q.new_empty(rows, heads, dtype=torch.float32)
+    return empty_outputs(q)

@@ -15,7 +15,7 @@ from ..common.metadata import D_V
 from ..common.platform import current_platform
 from . import checks
 from ._core import LOG2E, _attend_range, _finalize, _load_q, _store_final
-from .plan import cdiv, launch_parts, path_config
+from .plan import cdiv, empty_outputs, launch_parts, path_config
 
 PATH = "mega"
 
@@ -52,7 +52,7 @@ def _launch_mega(q, kv, indices, sm_scale, out, lse):
         heads, kv.shape[0], topk, sm_scale * LOG2E,
         q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
         D_NOPE=D_V, D_ROPE=d_qk - D_V, DOT_F32=current_platform().uses_triton_interpreter,
-        **{"IDX_AHEAD": 0, "KV_MAJOR": 0, **meta}, **opts,
+        **meta, **opts,
     )
 
 
@@ -74,10 +74,8 @@ def sparse_mla_mega(
         no valid index gives out 0 and lse −inf.
     """
     checks.check_attention_inputs(PATH, q, kv, indices)
-    rows, heads, _ = q.shape
-    out = torch.empty(rows, heads, D_V, dtype=q.dtype, device=q.device)
-    lse = torch.empty(rows, heads, dtype=torch.float32, device=q.device)
-    if rows:
+    out, lse = empty_outputs(q)
+    if q.shape[0]:
         _launch_mega(q, kv, indices, sm_scale, out, lse)
     return out, lse
 
@@ -85,5 +83,4 @@ def sparse_mla_mega(
 @sparse_mla_mega.register_fake
 def _(q, kv, indices, sm_scale):
     checks.check_attention_inputs(PATH, q, kv, indices)
-    rows, heads, _ = q.shape
-    return q.new_empty(rows, heads, D_V), q.new_empty(rows, heads, dtype=torch.float32)
+    return empty_outputs(q)

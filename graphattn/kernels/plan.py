@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import torch
+
+from ..common.metadata import D_V
 from ..common.platform import current_platform
 
 PATHS = ("flashmla", "trtllm", "mega")
@@ -18,6 +21,8 @@ PATHS = ("flashmla", "trtllm", "mega")
 HOST_KEYS = ("max_splits", "min_split_blocks", "target_programs")
 # The smallest BLOCK_H any config may use (tl.dot needs M >= 16); counters are sized for it.
 MIN_BLOCK_H = 16
+# KV-loop constexprs of the attention kernels that a config may leave out (see _attend_range).
+LOOP_DEFAULTS = {"IDX_AHEAD": 0, "KV_MAJOR": 0}
 
 
 class SplitPlan(NamedTuple):
@@ -36,9 +41,21 @@ class SplitPlan(NamedTuple):
     workspace_heads: int
     max_partials: int
 
+    def metadata_kwargs(self) -> dict[str, int]:
+        """``GraphMetadata`` keyword arguments that size the counter and the workspace pool."""
+        return {"counter_cols": self.counter_cols, "num_splits": self.num_splits,
+                "workspace_heads": self.workspace_heads, "workspace_partials": self.max_partials}
+
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def empty_outputs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialised ``out [rows, H, 512]`` in q's dtype and ``lse [rows, H]`` f32 on q's device
+    (fake tensors under a fake mode, so the ops and their fake implementations share it)."""
+    rows, heads = q.shape[0], q.shape[1]
+    return q.new_empty(rows, heads, D_V), q.new_empty(rows, heads, dtype=torch.float32)
 
 
 def launch_parts(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -49,7 +66,10 @@ def launch_parts(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def path_config(path: str, rows: int, heads: int, topk: int) -> dict[str, Any]:
-    """The platform's launch config for ``path`` (checked for the keys the launchers need)."""
+    """The platform's launch config for ``path`` (checked for the keys the launchers need).
+
+    Attention paths get :data:`LOOP_DEFAULTS` for the KV-loop constexprs the config leaves out.
+    """
     cfg = current_platform().kernel_config(path, rows=rows, heads=heads, topk=topk)
     if path.endswith("combine"):
         assert "num_warps" in cfg, f"kernel_config({path!r}) lacks num_warps: {cfg}"
@@ -57,7 +77,11 @@ def path_config(path: str, rows: int, heads: int, topk: int) -> dict[str, Any]:
     missing = [k for k in ("BLOCK_H", "BLOCK_N", "num_warps") if k not in cfg]
     assert not missing, f"kernel_config({path!r}) lacks {missing}: {cfg}"
     assert cfg["BLOCK_H"] >= MIN_BLOCK_H, f"BLOCK_H below {MIN_BLOCK_H} in {cfg}"
-    return cfg
+    return {**LOOP_DEFAULTS, **cfg}
+
+
+def _target_programs(cfg: dict[str, Any]) -> int:
+    return cfg.get("target_programs") or current_platform().num_compute_units()
 
 
 def choose_splits(rows: int, heads: int, topk: int, cfg: dict[str, Any]) -> int:
@@ -68,9 +92,8 @@ def choose_splits(rows: int, heads: int, topk: int, cfg: dict[str, Any]) -> int:
     """
     blocks = cdiv(max(topk, 1), cfg["BLOCK_N"])
     cap = max(1, min(cfg.get("max_splits", 1), blocks // max(1, cfg.get("min_split_blocks", 1))))
-    target = cfg.get("target_programs") or current_platform().num_compute_units()
     programs = rows * cdiv(heads, cfg["BLOCK_H"])
-    return max(1, min(cap, cdiv(target, programs)))
+    return max(1, min(cap, cdiv(_target_programs(cfg), programs)))
 
 
 def split_plan(path: str, num_heads: int, topk: int) -> SplitPlan:
@@ -83,9 +106,8 @@ def split_plan(path: str, num_heads: int, topk: int) -> SplitPlan:
         topk: indices per row.
 
     Returns:
-        :class:`SplitPlan`; pass its fields to ``GraphMetadata(num_splits=, counter_cols=,
-        workspace_heads=, workspace_partials=max_partials)``. At call time a path uses at most
-        the splits the workspace holds.
+        :class:`SplitPlan`; pass ``GraphMetadata(..., **plan.metadata_kwargs())``. At call time
+        a path uses at most the splits the workspace holds.
     """
     if path not in PATHS:
         raise ValueError(f"Unknown kernel path: {path!r}. Valid options are: {', '.join(PATHS)}")
@@ -103,7 +125,7 @@ def split_plan(path: str, num_heads: int, topk: int) -> SplitPlan:
             partials = max(partials, rows * splits)
         # Past ``target_programs`` rows every head block of every row is already a program:
         # one split from here on (the target never grows with rows), so no workspace is used.
-        if rows >= (cfg.get("target_programs") or current_platform().num_compute_units()):
+        if rows >= _target_programs(cfg):
             break
         rows += 1
     counter_cols = cdiv(num_heads, MIN_BLOCK_H) if path == "trtllm" else 0
@@ -114,3 +136,12 @@ def usable_splits(rows: int, heads: int, topk: int, cfg: dict[str, Any], ws_spli
     """Splits a launch uses: :func:`choose_splits`, at most the ``ws_splits`` the workspace
     holds per row, at least 1 (one split writes ``out`` directly and needs no workspace)."""
     return max(1, min(choose_splits(rows, heads, topk, cfg), ws_splits))
+
+
+def split_layout(rows: int, heads: int, topk: int, cfg: dict[str, Any], ws_splits: int) -> tuple[int, int]:
+    """``(splits, split_len)`` of a launch: :func:`usable_splits`, with ``split_len`` a multiple
+    of ``BLOCK_N``. Rounding it up can leave trailing splits empty; they are dropped, so every
+    launched split has work (trtllm's last arrival waits for exactly ``splits`` programs)."""
+    splits = usable_splits(rows, heads, topk, cfg, ws_splits)
+    split_len = cdiv(cdiv(topk, splits), cfg["BLOCK_N"]) * cfg["BLOCK_N"]
+    return cdiv(topk, split_len), split_len

@@ -23,7 +23,7 @@ from ..common.metadata import D_V
 from ..common.platform import current_platform
 from . import checks
 from ._core import LOG2E, _combine_splits, _split_program, _store_final, _store_partial
-from .plan import cdiv, launch_parts, path_config, usable_splits
+from .plan import cdiv, empty_outputs, launch_parts, path_config, split_layout
 
 PATH = "trtllm"
 
@@ -59,15 +59,14 @@ def _trtllm_kernel(
             tl.atomic_xchg(ctr, 0, sem="relaxed", scope="gpu")
 
 
-def _launch_trtllm(q, kv, indices, sm_scale, counter, ws_out, ws_lse, out, lse, cfg, splits):
+def _launch_trtllm(q, kv, indices, sm_scale, counter, ws_out, ws_lse, out, lse, cfg):
     """Launch; returns the compiled kernel (its n_regs/n_spills feed the benchmark report)."""
     rows, heads, d_qk = q.shape
     topk = indices.shape[1]
+    # Only non-empty splits are launched, so the arrival count the kernel waits for is exactly
+    # the number of programs per counter.
+    splits, split_len = split_layout(rows, heads, topk, cfg, ws_out.shape[1])
     meta, opts = launch_parts(cfg)
-    split_len = cdiv(cdiv(topk, splits), meta["BLOCK_N"]) * meta["BLOCK_N"]
-    # Rounding split_len up can leave trailing splits empty: launch only the non-empty ones, so
-    # the arrival count the kernel waits for is exactly the number of programs per counter.
-    splits = cdiv(topk, split_len)
     grid = (rows * splits * cdiv(heads, meta["BLOCK_H"]),)
     return _trtllm_kernel[grid](
         q, kv, indices, counter, ws_out, ws_lse, out, lse,
@@ -75,7 +74,7 @@ def _launch_trtllm(q, kv, indices, sm_scale, counter, ws_out, ws_lse, out, lse, 
         q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), counter.stride(0),
         ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0), ws_lse.stride(1),
         D_NOPE=D_V, D_ROPE=d_qk - D_V, DIRECT=splits == 1,
-        DOT_F32=current_platform().uses_triton_interpreter, **{"IDX_AHEAD": 0, "KV_MAJOR": 0, **meta}, **opts,
+        DOT_F32=current_platform().uses_triton_interpreter, **meta, **opts,
     )
 
 
@@ -113,17 +112,13 @@ def sparse_mla_trtllm(
         no valid index gives out 0 and lse −inf.
     """
     cfg = _check(q, kv, indices, counter, ws_out, ws_lse)
-    rows, heads, _ = q.shape
-    out = torch.empty(rows, heads, D_V, dtype=q.dtype, device=q.device)
-    lse = torch.empty(rows, heads, dtype=torch.float32, device=q.device)
-    if rows:
-        splits = usable_splits(rows, heads, indices.shape[1], cfg, ws_out.shape[1])
-        _launch_trtllm(q, kv, indices, sm_scale, counter, ws_out, ws_lse, out, lse, cfg, splits)
+    out, lse = empty_outputs(q)
+    if q.shape[0]:
+        _launch_trtllm(q, kv, indices, sm_scale, counter, ws_out, ws_lse, out, lse, cfg)
     return out, lse
 
 
 @sparse_mla_trtllm.register_fake
 def _(q, kv, indices, sm_scale, counter, ws_out, ws_lse):
     _check(q, kv, indices, counter, ws_out, ws_lse)
-    rows, heads, _ = q.shape
-    return q.new_empty(rows, heads, D_V), q.new_empty(rows, heads, dtype=torch.float32)
+    return empty_outputs(q)
