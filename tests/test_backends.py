@@ -15,6 +15,7 @@ from graphattn.common import CapturedBufferGrowthError, current_platform, sparse
 from graphattn.common.runner import GraphRunner
 
 DTYPE = torch.float16  # the Triton interpreter's dtype on the CPU
+DEVICE = current_platform().device  # the backends run there: cpu, or the GPU when there is one
 HEADS, TOPK, POOL = 8, 24, 64
 
 
@@ -25,13 +26,13 @@ def make(name: str, heads: int = HEADS, topk: int = TOPK):
 def inputs(rows: int, heads: int = HEADS, topk: int = TOPK):
     q = torch.randn(rows, heads, 576).to(DTYPE)
     idx = torch.stack([torch.randperm(POOL)[:topk] for _ in range(rows)]).to(torch.int32)
-    return q, idx
+    return q.to(DEVICE), idx.to(DEVICE)
 
 
 @functools.lru_cache(maxsize=None)
 def kv_pool() -> torch.Tensor:
     """One ``[POOL, 576]`` KV pool shared by the tests (fixed seed: independent of test order)."""
-    return torch.randn(POOL, 576, generator=torch.Generator().manual_seed(0)).to(DTYPE)
+    return torch.randn(POOL, 576, generator=torch.Generator().manual_seed(0)).to(DEVICE, DTYPE)
 
 
 @pytest.mark.parametrize("name", builtin_backends())
@@ -77,7 +78,7 @@ def test_flashmla_pads_and_slices_back():
 
 def _capture(backend, md, rows: int) -> GraphRunner:
     kv = kv_pool()
-    static = torch.zeros(rows, backend.num_heads, 576, dtype=DTYPE)
+    static = torch.zeros(rows, backend.num_heads, 576, dtype=DTYPE, device=DEVICE)
     runner = GraphRunner(lambda q: backend.forward(q, kv, md), {"q": static}, metadata=md, buckets=[rows])
     backend.plan(md, inputs(rows)[1], pad_to=rows)
     runner.capture()
@@ -85,7 +86,8 @@ def _capture(backend, md, rows: int) -> GraphRunner:
 
 
 def test_oversized_eager_call_after_capture_follows_each_rule():
-    # trtllm: counter/workspace are TEMPORARY -> an eager call past capacity gets temporaries.
+    # trtllm: the counter is TEMPORARY (an eager call past capacity gets a temporary); the index
+    # table is RAISE; the workspace is a fixed pool that serves every row count.
     trt = make("trtllm")
     md = trt.make_metadata(2)
     runner = _capture(trt, md, 2)
