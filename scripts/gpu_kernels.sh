@@ -14,10 +14,11 @@ python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_kernel
 tail -3 "$OUT/pytest_kernels_gpu.log"
 
 # One small call per path under memcheck: any out-of-bounds or misaligned access is an error.
-# flashmla runs twice: 3 rows (the 32-head tile) and 1 row (the tokens-major KV_MAJOR tile).
-for run in flashmla:3 flashmla:1 trtllm:3 mega:3; do
-  compute-sanitizer --tool memcheck --error-exitcode 3 python3 - "${run%:*}" "${run#*:}" \
-    >"$OUT/memcheck_${run/:/_rows}.log" 2>&1 <<'PY' || status=1
+# flashmla runs twice: 3 rows (the Gluon wgmma kernel on sm_90) and 1 row (the tokens-major
+# KV_MAJOR Triton tile). The wgmma kernel also runs under racecheck: its cp.async ring and the
+# shared-memory exchanges between its two warpgroups rely on its barriers.
+call="$(mktemp --suffix=.py)"
+cat >"$call" <<'PY'
 import sys, torch
 from graphattn.common.metadata import GraphMetadata
 from graphattn.kernels import split_plan, sparse_mla_flashmla, sparse_mla_mega, sparse_mla_trtllm
@@ -37,7 +38,11 @@ else:
 torch.cuda.synchronize()
 print(path, rows, "rows, finite:", bool(out.isfinite().all()), "plan:", plan)
 PY
-  tail -2 "$OUT/memcheck_${run/:/_rows}.log"
+for run in memcheck:flashmla:3 memcheck:flashmla:1 memcheck:trtllm:3 memcheck:mega:3 racecheck:flashmla:3; do
+  IFS=: read -r tool path rows <<<"$run"
+  log="$OUT/${tool}_${path}_${rows}rows.log"
+  compute-sanitizer --tool "$tool" --error-exitcode 3 python3 "$call" "$path" "$rows" >"$log" 2>&1 || status=1
+  tail -2 "$log"
 done
 
 python3 -m graphattn.bench.kernels "$@" --json "$OUT/bench_kernels.json" \

@@ -218,3 +218,56 @@ def test_bad_inputs_raise_clearly(case):
     name, call, exc, text = _bad_input_cases()[case]
     with pytest.raises(exc, match=text):
         call()
+
+
+def _use_sm90_settings(monkeypatch):
+    from graphattn.cuda import configs as cuda_configs
+
+    monkeypatch.setattr(type(current_platform()), "kernel_config",
+                        lambda self, p, **kw: cuda_configs.kernel_config(p, **kw))
+    return cuda_configs
+
+
+def test_sm90_flashmla_picks_wgmma_and_falls_back_for_unaligned_inputs(monkeypatch):
+    """With sm_90 settings flashmla runs the Gluon wgmma kernel where its 16-byte cp.async
+    copies are legal, and flashmla's Triton tiles for inputs they are not (odd strides)."""
+    from graphattn.kernels import flashmla
+
+    cuda_configs = _use_sm90_settings(monkeypatch)
+    if not cuda_configs.gluon_available():
+        pytest.skip("this triton has no Gluon Hopper dialect")
+    q = torch.randn(4, 64, 576)
+    kv = torch.randn(100, 576)
+    kernel, cfg = flashmla._split_kernel(q, kv, 2048)
+    assert kernel.__name__ == "_flashmla_wgmma_kernel" and cfg["kernel"] == "wgmma", cfg
+    assert cfg["split_cost_blocks"] > 0 and "IDX_AHEAD" not in cfg, cfg
+    for name, (q_bad, kv_bad) in {
+        "kv row stride 577": (q, torch.randn(100, 577)[:, :576]),
+        "q head stride 580": (torch.randn(4, 64, 580)[..., :576], kv),
+        "kv base off by 4 bytes": (q, torch.randn(100 * 576 + 1)[1:].view(100, 576)),
+    }.items():
+        kernel, cfg = flashmla._split_kernel(q_bad, kv_bad, 2048)
+        assert kernel is flashmla._flashmla_split_kernel and "kernel" not in cfg, f"[flashmla {name}] {cfg}"
+        assert cfg == flashmla.path_config("flashmla_triton", 4, 64, 2048), f"[flashmla {name}] {cfg}"
+    # One row of <= 64 heads keeps the tokens-major Triton tile (faster there).
+    kernel, cfg = flashmla._split_kernel(q[:1], kv, 2048)
+    assert kernel is flashmla._flashmla_split_kernel and cfg["KV_MAJOR"] == 1, cfg
+
+
+@pytest.mark.parametrize("rows,heads,topk,want", [
+    (64, 64, 2048, 2),  # 64 programs: one wave of 128, not two waves of 192
+    (8, 64, 2048, 16),  # 8 programs: 128 in one wave
+    (64, 128, 2048, 1),  # 128 programs already fill a wave
+    (8, 128, 32768, 8),  # 9 splits would need a second wave for 16 more programs
+    (100, 64, 2048, 1),  # two splits would be two waves of half the work, plus their partials
+])
+def test_sm90_wgmma_splits_fill_whole_waves(monkeypatch, rows, heads, topk, want):
+    from graphattn.kernels.plan import choose_splits, path_config
+
+    cuda_configs = _use_sm90_settings(monkeypatch)
+    if not cuda_configs.gluon_available():
+        pytest.skip("this triton has no Gluon Hopper dialect")
+    cfg = path_config("flashmla", rows, heads, topk)
+    assert cfg.get("kernel") == "wgmma", cfg
+    got = choose_splits(rows, heads, topk, cfg)
+    assert got == want, f"[flashmla wgmma rows={rows} heads={heads} topk={topk}] {got} splits, want {want}"

@@ -82,3 +82,17 @@ def test_cuda_graph_replay_matches_eager(path, rows):
             assert int(md.counter_for(rows).abs().sum()) == 0, f"{where} counter not reset"
     ref_out, _ = sparse_mla_reference(*fresh, SCALE)
     torch.testing.assert_close(g_out.double(), ref_out, atol=1.6e-2, rtol=5e-2, msg=lambda m: f"[{path}] {m}")
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "kv row stride 584", "q head stride 584"])
+def test_flashmla_wgmma_and_its_unaligned_fallback(layout):
+    """flashmla's Gluon kernel (64 heads x 8 rows, 128 heads with one split) and the Triton tiles
+    it falls back to when a stride rules out 16-byte cp.async copies give the reference."""
+    for rows, heads in ((8, 64), (200, 128)):
+        q, kv, idx = make_inputs(rows, heads, 2048 + 29, pool=30_000, dtype=torch.bfloat16)
+        if layout == "kv row stride 584":
+            kv = torch.nn.functional.pad(kv, (0, 8))[:, :576]
+        elif layout == "q head stride 584":
+            q = torch.nn.functional.pad(q, (0, 8))[..., :576]
+        out, lse, _ = run_path("flashmla", q, kv, idx, SCALE)
+        check_against_reference(f"flashmla {layout}", q, kv, idx, SCALE, out, lse)

@@ -168,9 +168,12 @@ def compile_report() -> list[str]:
     """Registers, spills and shared memory of every kernel variant compiled in this process."""
     from graphattn.kernels import flashmla, mega, trtllm
 
+    fns = [flashmla._flashmla_split_kernel, flashmla._flashmla_combine_kernel, trtllm._trtllm_kernel, mega._mega_kernel]
+    wgmma = sys.modules.get("graphattn.kernels.wgmma")  # imported once flashmla has run it
+    if wgmma is not None:
+        fns.append(wgmma._flashmla_wgmma_kernel)
     lines = []
-    for fn in (flashmla._flashmla_split_kernel, flashmla._flashmla_combine_kernel,
-               trtllm._trtllm_kernel, mega._mega_kernel):
+    for fn in fns:
         for cache in getattr(fn, "device_caches", {}).values():
             for compiled in cache[0].values():
                 md = compiled.metadata

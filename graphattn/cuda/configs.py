@@ -9,6 +9,7 @@ settings in :func:`all_configs`, which the ahead-of-time test compiles for sm_90
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from typing import Any, Iterator
 
 SM90_SMS = 132
@@ -26,23 +27,49 @@ PARTIAL_BYTES_PER_ROW = 2 << 20
 # 28.6 us at 64 heads x 8 rows; at 64 rows the same target was slower (135.6 -> 176.0 us), so
 # larger batches keep one per SM. The target never grows with rows, so neither do the splits.
 SMALL_BATCH_ROWS = 8
-# At most this many rows x heads (1 row up to 128 heads, 2 rows of 64), flashmla runs the
-# tokens-major tile (KV_MAJOR: 64 tokens x 16 heads per wgmma, one program per SM, one or two
-# tiles per program). Measured (us, 64 heads x 1 row / 128 x 1 / 64 x 2): 17.9 / 27.5 / 18.4
-# with the 32-head tile, 10.5 / 13.8 / 14.1 with this one; at 64 x 4 it was slower (23.9 vs
-# 19.7) and at 64+ rows 1.5-2x slower: it holds only two KV tiles in flight (168 KB of smem).
+# At most this many rows x heads (1 row up to 128 heads, 2 rows of 64), flashmla's Triton tiles
+# use the tokens-major tile (KV_MAJOR: 64 tokens x 16 heads per wgmma, one program per SM, one
+# or two tiles per program). Measured (us, 64 heads x 1 row / 128 x 1 / 64 x 2): 17.9 / 27.5 /
+# 18.4 with the 32-head tile, 10.5 / 13.8 / 14.1 with this one; at 64 x 4 it was slower (23.9
+# vs 19.7) and at 64+ rows 1.5-2x slower: it holds only two KV tiles in flight (168 KB of smem).
 KV_MAJOR_MAX_ROW_HEADS = 128
+# With the wgmma kernel available it keeps only 1 row of <= 64 heads: 10.4 us against wgmma's
+# 11.9 there, while at 128 x 1 (13.7 vs 12.9) and 64 x 2 (13.9 vs 13.3) wgmma is faster.
+KV_MAJOR_MAX_ROW_HEADS_WITH_WGMMA = 64
 _KV_MAJOR_TILE = {"BLOCK_H": 16, "BLOCK_N": 64, "IDX_AHEAD": 0, "KV_MAJOR": 1, "num_warps": 4, "num_stages": 2}
+# Everywhere else flashmla runs the hand-scheduled Gluon kernel (graphattn.kernels.wgmma): 64
+# heads per program, two warpgroups of wgmma, a 2-slot cp.async ring of 64-token KV tiles
+# (225 KB of shared memory: one program per SM). "kernel" is a host key: it picks the function.
+# Measured against 32-token tiles with 3 or 4 slots (188 / 225 KB): 64 x 64 rows 90.2 us vs
+# 114.0 / 115.4, 128 x 512 866.5 vs 1128.9 / 1134.3, 64 x 8 21.0 vs 24.8 (4 slots).
+_WGMMA_TILE = {"kernel": "wgmma", "BLOCK_H": 64, "BLOCK_N": 64, "STAGES": 2, "num_warps": 8, "num_stages": 1}
+# Its splits fill whole waves of 132 programs (graphattn.kernels.plan.choose_splits), a split
+# costing about two 64-token tiles of fixed work (q is 72 KB, the f32 partial 128 KB); that
+# rule, not PARTIAL_BYTES_PER_ROW, keeps 8 rows x topk 32768 in one wave, so up to 32 splits
+# (128 heads x 1 row: 12.9 us with 32 splits).
+WGMMA_SPLIT_COST_BLOCKS = 2
+
+def gluon_available() -> bool:
+    """True when this triton has Gluon's Hopper dialect (triton >= 3.5), which the wgmma kernel needs."""
+    try:
+        return importlib.util.find_spec("triton.experimental.gluon.language.nvidia.hopper") is not None
+    except ImportError:
+        return False
 
 
 def _kv_major(path: str, rows: int, heads: int) -> bool:
-    return path == "flashmla" and rows * heads <= KV_MAJOR_MAX_ROW_HEADS
+    wgmma = path == "flashmla" and gluon_available()
+    return path.startswith("flashmla") and rows * heads <= (
+        KV_MAJOR_MAX_ROW_HEADS_WITH_WGMMA if wgmma else KV_MAJOR_MAX_ROW_HEADS)
 
 
-def _split_host(path: str, heads: int, rows: int, kv_major: bool) -> dict[str, Any]:
-    if path == "flashmla":
-        if kv_major:  # 168 KB of smem per program: one per SM
+def _split_host(path: str, heads: int, rows: int, tiles: dict[str, Any]) -> dict[str, Any]:
+    if path.startswith("flashmla"):
+        if tiles.get("KV_MAJOR"):  # 168 KB of smem per program: one per SM
             return {"max_splits": FLASHMLA_MAX_SPLITS, "min_split_blocks": 1, "target_programs": SM90_SMS}
+        if tiles.get("kernel") == "wgmma":  # one program per SM: whole waves
+            return {"max_splits": FLASHMLA_MAX_SPLITS, "min_split_blocks": 1, "target_programs": SM90_SMS,
+                    "split_cost_blocks": WGMMA_SPLIT_COST_BLOCKS}
         cap = max(1, min(FLASHMLA_MAX_SPLITS, PARTIAL_BYTES_PER_ROW // (heads * 512 * 4)))
         target = 2 * SM90_SMS if rows <= SMALL_BATCH_ROWS else SM90_SMS
         return {"max_splits": cap, "min_split_blocks": 1, "target_programs": target}
@@ -58,7 +85,8 @@ _TILES = (
     (1 << 30, (32, 32, 4, 3, 1)),
 )
 _COMBINE = {"num_warps": 4, "num_stages": 1}
-_PATHS = ("flashmla", "trtllm", "mega", "flashmla_combine")
+# "flashmla_triton": flashmla's Triton tiles only, for inputs the wgmma kernel cannot take.
+_PATHS = ("flashmla", "flashmla_triton", "trtllm", "mega", "flashmla_combine")
 _OVERRIDES: dict[str, dict[str, Any]] = {}
 
 
@@ -79,19 +107,27 @@ def kernel_config(path: str, rows: int = 1, heads: int = 64, topk: int = 2048) -
     elif path == "mega":
         cfg = _tiles(heads)
     else:
-        kv_major = _kv_major(path, rows, heads)
-        tiles = dict(_KV_MAJOR_TILE) if kv_major else _tiles(heads)
-        cfg = {**tiles, **_split_host(path, heads, rows, kv_major)}
+        if _kv_major(path, rows, heads):
+            tiles = dict(_KV_MAJOR_TILE)
+        elif path == "flashmla" and gluon_available():
+            tiles = dict(_WGMMA_TILE)
+        else:
+            tiles = _tiles(heads)
+        cfg = {**tiles, **_split_host(path, heads, rows, tiles)}
     cfg.update(_OVERRIDES.get(path, {}))
     return cfg
 
 
 def all_configs(path: str) -> list[dict[str, Any]]:
-    """Every distinct setting :func:`kernel_config` can return for ``path`` (host keys dropped)."""
+    """Every distinct setting :func:`kernel_config` can return for ``path`` (host keys dropped,
+    except ``kernel``, which names the function a setting runs: absent for the Triton ones)."""
     if path == "flashmla_combine":
         return [dict(_COMBINE)]
     tiles = [_tiles(max_heads) for max_heads, _ in _TILES]
-    return tiles + [dict(_KV_MAJOR_TILE)] if path == "flashmla" else tiles
+    if not path.startswith("flashmla"):
+        return tiles
+    wgmma = [dict(_WGMMA_TILE)] if path == "flashmla" and gluon_available() else []
+    return tiles + [dict(_KV_MAJOR_TILE)] + wgmma
 
 
 @contextlib.contextmanager

@@ -22,13 +22,16 @@ from typing import Any
 from .plan import LOOP_DEFAULTS, launch_parts
 
 TARGETS = {"sm90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64), "gfx950": ("hip", "gfx950", 64)}
-# kernel name -> (module, function, config path)
+# kernel name -> (module, function, config path); a config runs the Triton function of its path
+# unless its "kernel" key names another (the Gluon "wgmma" kernel, sm_90 only).
 KERNELS = {
     "flashmla_split": ("graphattn.kernels.flashmla", "_flashmla_split_kernel", "flashmla"),
+    "flashmla_wgmma": ("graphattn.kernels.wgmma", "_flashmla_wgmma_kernel", "flashmla"),
     "flashmla_combine": ("graphattn.kernels.flashmla", "_flashmla_combine_kernel", "flashmla_combine"),
     "trtllm": ("graphattn.kernels.trtllm", "_trtllm_kernel", "trtllm"),
     "mega": ("graphattn.kernels.mega", "_mega_kernel", "mega"),
 }
+_KERNEL_KEY = {"flashmla_wgmma": "wgmma"}  # the "kernel" config value each non-Triton kernel runs
 _F32_PTRS = ("ws_out_ptr", "ws_lse_ptr", "lse_ptr")
 _I32_PTRS = ("idx_ptr", "counter_ptr")
 
@@ -59,8 +62,11 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
     out, seen = [], set()
     for target in targets:
         for kernel, (_, _, path) in KERNELS.items():
+            configs = [c for c in _configs(path, target) if c.get("kernel") == _KERNEL_KEY.get(kernel)]
+            if not configs:
+                continue
             names = _arg_names(kernel)
-            for i, cfg in enumerate(_configs(path, target)):
+            for i, cfg in enumerate(configs):
                 meta, opts = launch_parts(cfg)
                 # _FIXED fills in what the config leaves to the launcher; the config's own
                 # constexprs (IDX_AHEAD, KV_MAJOR, ...) are what runs, so they win.
@@ -101,9 +107,16 @@ def compile_one(job: tuple[str, str, dict[str, Any], dict[str, Any], str]) -> di
     if not isinstance(fn, triton.runtime.jit.JITFunction):
         return {**record, "ok": False, "error": f"{type(fn).__name__} is not a JITFunction: set TRITON_INTERPRET=0"}
     signature = {name: _arg_type(name, dtype, meta) for name in fn.arg_names}
+    source = triton.compiler.ASTSource
+    if fn.is_gluon():
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    # Pointers and strides as the JIT specialises them on a GPU (16-byte aligned, strides
+    # multiples of 16): the Gluon kernel's 16-byte cp.async copies need it to compile.
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if name not in meta and (name.endswith("_ptr") or name.startswith("stride_"))}
     t0 = time.perf_counter()
     try:
-        src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=meta)
+        src = source(fn=fn, signature=signature, constexprs=meta, attrs=attrs)
         compiled = triton.compile(src, target=GPUTarget(*TARGETS[target]), options=opts)
     except Exception as exc:  # report every failure, not only the first
         return {**record, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}

@@ -68,21 +68,43 @@ def _flashmla_combine_kernel(
     tl.store(lse_ptr + row * H + h, lse)
 
 
+def _cp_async_aligned(q: torch.Tensor, kv: torch.Tensor) -> bool:
+    """Whether the wgmma kernel's 16-byte ``cp.async`` copies can take q and kv: base pointers
+    16-byte aligned and row strides that Triton specialises as multiples of 16 elements."""
+    return (q.data_ptr() % 16 == 0 and kv.data_ptr() % 16 == 0
+            and all(s % 16 == 0 for s in (q.stride(0), q.stride(1), kv.stride(0))))
+
+
+def _split_kernel(q, kv, topk):
+    """``(kernel, cfg)`` of the first launch: the platform's choice, or flashmla's Triton tiles
+    where it chose the Gluon wgmma kernel but the inputs are not aligned for it."""
+    rows, heads, _ = q.shape
+    cfg = path_config(PATH, rows, heads, topk)
+    if cfg.get("kernel") != "wgmma":
+        return _flashmla_split_kernel, cfg
+    if not _cp_async_aligned(q, kv):
+        return _flashmla_split_kernel, path_config(PATH + "_triton", rows, heads, topk)
+    from .wgmma import _flashmla_wgmma_kernel  # Gluon: imported only where the platform picks it
+
+    return _flashmla_wgmma_kernel, cfg
+
+
 def _launch_flashmla(q, kv, indices, sm_scale, ws_out, ws_lse, out, lse):
     """Launch both kernels; returns the compiled split kernel (for n_regs/n_spills reports)."""
     rows, heads, d_qk = q.shape
     topk = indices.shape[1]
-    cfg = path_config(PATH, rows, heads, topk)
+    kernel, cfg = _split_kernel(q, kv, topk)
     splits, split_len = split_layout(rows, heads, topk, cfg, ws_out.shape[1])
     meta, opts = launch_parts(cfg)
-    interp = current_platform().uses_triton_interpreter
+    if kernel is _flashmla_split_kernel:
+        meta["DOT_F32"] = current_platform().uses_triton_interpreter
     grid = (rows * splits * cdiv(heads, meta["BLOCK_H"]),)
-    handle = _flashmla_split_kernel[grid](
+    handle = kernel[grid](
         q, kv, indices, ws_out, ws_lse, out, lse,
         heads, kv.shape[0], topk, split_len, splits, sm_scale * LOG2E,
         q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
         ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0), ws_lse.stride(1),
-        D_NOPE=D_V, D_ROPE=d_qk - D_V, DIRECT=splits == 1, DOT_F32=interp, **meta, **opts,
+        D_NOPE=D_V, D_ROPE=d_qk - D_V, DIRECT=splits == 1, **meta, **opts,
     )
     if splits == 1:
         return handle

@@ -4,7 +4,8 @@ A launch config (from ``current_platform().kernel_config(path, rows=, heads=, to
 dict: upper-case keys are kernel constexprs (``BLOCK_H``, ``BLOCK_N``), lower-case keys are
 Triton launch options (``num_warps``, ``num_stages``, and on AMD ``waves_per_eu``,
 ``matrix_instr_nonkdim``, ``kpack``), and the host-only keys in :data:`HOST_KEYS` steer the
-split choice and never reach Triton.
+split choice (and ``kernel`` names the function: ``"wgmma"`` for flashmla's Gluon kernel on
+sm_90, absent for the Triton kernels) and never reach Triton.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ..common.platform import current_platform
 
 PATHS = ("flashmla", "trtllm", "mega")
 # Host-side planning keys of a config: never passed to Triton.
-HOST_KEYS = ("max_splits", "min_split_blocks", "target_programs")
+HOST_KEYS = ("max_splits", "min_split_blocks", "target_programs", "split_cost_blocks", "kernel")
 # The smallest BLOCK_H any config may use (tl.dot needs M >= 16); counters are sized for it.
 MIN_BLOCK_H = 16
 # KV-loop constexprs of the attention kernels that a config may leave out (see _attend_range).
@@ -68,7 +69,8 @@ def launch_parts(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 def path_config(path: str, rows: int, heads: int, topk: int) -> dict[str, Any]:
     """The platform's launch config for ``path`` (checked for the keys the launchers need).
 
-    Attention paths get :data:`LOOP_DEFAULTS` for the KV-loop constexprs the config leaves out.
+    The Triton attention kernels get :data:`LOOP_DEFAULTS` for the KV-loop constexprs the
+    config leaves out (the Gluon kernel has no such constexprs).
     """
     cfg = current_platform().kernel_config(path, rows=rows, heads=heads, topk=topk)
     if path.endswith("combine"):
@@ -77,7 +79,7 @@ def path_config(path: str, rows: int, heads: int, topk: int) -> dict[str, Any]:
     missing = [k for k in ("BLOCK_H", "BLOCK_N", "num_warps") if k not in cfg]
     assert not missing, f"kernel_config({path!r}) lacks {missing}: {cfg}"
     assert cfg["BLOCK_H"] >= MIN_BLOCK_H, f"BLOCK_H below {MIN_BLOCK_H} in {cfg}"
-    return {**LOOP_DEFAULTS, **cfg}
+    return cfg if cfg.get("kernel") == "wgmma" else {**LOOP_DEFAULTS, **cfg}
 
 
 def _target_programs(cfg: dict[str, Any]) -> int:
@@ -88,12 +90,24 @@ def choose_splits(rows: int, heads: int, topk: int, cfg: dict[str, Any]) -> int:
     """Split count for a launch: enough programs to fill the device, bounded by the config.
 
     Each split covers at least ``min_split_blocks`` KV blocks of ``BLOCK_N`` so that writing a
-    partial (``BLOCK_H x 512`` f32) stays small next to the KV it read. Never increases with rows.
+    partial (``BLOCK_H x 512`` f32) stays small next to the KV it read. At most
+    ``cdiv(target_programs, programs)`` splits, so the count never increases with rows.
+
+    With ``split_cost_blocks`` in the config (kernels that run one program per SM, where a
+    partial last wave costs a whole wave) the count within that bound is the one with the least
+    ``waves x (blocks per split + split_cost_blocks)``: the extra term is a split's fixed work
+    (its q load, its partial) in KV blocks; ties go to fewer splits. 64 programs on 132 SMs then
+    take 2 splits (one wave of 128), not 3 (192 programs, two waves).
     """
     blocks = cdiv(max(topk, 1), cfg["BLOCK_N"])
     cap = max(1, min(cfg.get("max_splits", 1), blocks // max(1, cfg.get("min_split_blocks", 1))))
     programs = rows * cdiv(heads, cfg["BLOCK_H"])
-    return max(1, min(cap, cdiv(_target_programs(cfg), programs)))
+    target = _target_programs(cfg)
+    most = max(1, min(cap, cdiv(target, programs)))
+    if "split_cost_blocks" not in cfg:
+        return most
+    return min(range(1, most + 1),
+               key=lambda s: cdiv(programs * s, target) * (cdiv(blocks, s) + cfg["split_cost_blocks"]))
 
 
 def split_plan(path: str, num_heads: int, topk: int) -> SplitPlan:
