@@ -271,3 +271,13 @@ def test_sm90_wgmma_splits_fill_whole_waves(monkeypatch, rows, heads, topk, want
     assert cfg.get("kernel") == "wgmma", cfg
     got = choose_splits(rows, heads, topk, cfg)
     assert got == want, f"[flashmla wgmma rows={rows} heads={heads} topk={topk}] {got} splits, want {want}"
+
+
+@pytest.mark.parametrize("capability", [(8, 0), (8, 9), (10, 0)])
+def test_wgmma_kernel_only_on_sm90(capability):
+    """wgmma exists on sm_90 only: other NVIDIA GPUs get flashmla's Triton tiles."""
+    from graphattn.cuda import configs as cuda_configs
+
+    for rows, heads in ((1, 128), (8, 64), (512, 128)):
+        cfg = cuda_configs.kernel_config("flashmla", rows=rows, heads=heads, topk=2048, capability=capability)
+        assert "kernel" not in cfg and "BLOCK_H" in cfg, f"[flashmla sm_{capability[0]}{capability[1]}] {cfg}"

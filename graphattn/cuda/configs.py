@@ -57,10 +57,14 @@ def gluon_available() -> bool:
         return False
 
 
-def _kv_major(path: str, rows: int, heads: int) -> bool:
-    wgmma = path == "flashmla" and gluon_available()
+def _wgmma(path: str, capability: tuple[int, int]) -> bool:
+    """flashmla's Gluon kernel: wgmma exists on sm_90 only (not sm_80/89, not Blackwell)."""
+    return path == "flashmla" and capability[0] == 9 and gluon_available()
+
+
+def _kv_major(path: str, rows: int, heads: int, capability: tuple[int, int]) -> bool:
     return path.startswith("flashmla") and rows * heads <= (
-        KV_MAJOR_MAX_ROW_HEADS_WITH_WGMMA if wgmma else KV_MAJOR_MAX_ROW_HEADS)
+        KV_MAJOR_MAX_ROW_HEADS_WITH_WGMMA if _wgmma(path, capability) else KV_MAJOR_MAX_ROW_HEADS)
 
 
 def _split_host(path: str, heads: int, rows: int, tiles: dict[str, Any]) -> dict[str, Any]:
@@ -98,8 +102,10 @@ def _tiles(heads: int) -> dict[str, Any]:
     raise AssertionError("unreachable: the last _TILES row covers every head count")
 
 
-def kernel_config(path: str, rows: int = 1, heads: int = 64, topk: int = 2048) -> dict[str, Any]:
-    """Launch settings for kernel ``path`` at ``rows x heads x topk`` on sm_90."""
+def kernel_config(path: str, rows: int = 1, heads: int = 64, topk: int = 2048,
+                  capability: tuple[int, int] = (9, 0)) -> dict[str, Any]:
+    """Launch settings for kernel ``path`` at ``rows x heads x topk`` on a GPU of compute
+    ``capability`` (the Triton tiles are tuned on sm_90 and used on every NVIDIA GPU)."""
     if path not in _PATHS:
         raise ValueError(f"Unknown kernel path: {path!r}. Valid options are: {', '.join(_PATHS)}")
     if path == "flashmla_combine":
@@ -107,9 +113,9 @@ def kernel_config(path: str, rows: int = 1, heads: int = 64, topk: int = 2048) -
     elif path == "mega":
         cfg = _tiles(heads)
     else:
-        if _kv_major(path, rows, heads):
+        if _kv_major(path, rows, heads, capability):
             tiles = dict(_KV_MAJOR_TILE)
-        elif path == "flashmla" and gluon_available():
+        elif _wgmma(path, capability):
             tiles = dict(_WGMMA_TILE)
         else:
             tiles = _tiles(heads)

@@ -38,7 +38,7 @@ class CudaPlatform(Platform):
             return interpreter_config(path, **shape)
         from .configs import kernel_config
 
-        return kernel_config(path, **shape)
+        return kernel_config(path, capability=self.compute_capability(), **shape)
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()

@@ -15,9 +15,9 @@ One program per (row, split, 64-head block), 8 warps = two warpgroups. Per KV ti
   registers per thread), so every KV tile is gathered once per 64 heads and q never lives in
   registers.
 
-Why Gluon: the Triton compiler's own schedule for the same loop issues the next tile's gather
-after the current products (2 stages) and keeps q in registers (spills at 64 heads);
-docs/benchmarks.md has the measurements. Outputs and conventions are those of
+Why Gluon: with 72 KB tiles the Triton compiler's own 2-stage schedule issues the next tile's
+gather after the current products, and its 64-head tiles either spilled or gathered each KV
+tile twice; docs/benchmarks.md has the measurements. Outputs and conventions are those of
 ``_flashmla_split_kernel`` (graphattn.kernels._core): a normalised partial (or the final
 ``out``/``lse`` with ``DIRECT``), scores in base 2, an index outside ``[0, pool)`` never read.
 """
@@ -36,9 +36,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 # The Gluon API is experimental; these two builtins were renamed between triton 3.6 and 3.9.
 _async_load = getattr(_async_copy, "async_load", None) or _async_copy.async_copy_global_to_shared
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
-
-BLOCK_H = 64  # the wgmma M side; flashmla pads heads to a multiple of it on CUDA
-NUM_WARPS = 8  # two warpgroups, each owning half of the 512 output columns
 
 
 @gluon.jit
@@ -74,6 +71,8 @@ def _flashmla_wgmma_kernel(
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     STAGES: gl.constexpr, DIRECT: gl.constexpr,
 ):
+    """Arguments, grid and outputs as ``_flashmla_split_kernel`` (graphattn.kernels.flashmla);
+    launch with ``num_warps=8``. q/kv bf16 or fp16 with 16-byte aligned rows; ``H % 64 == 0``."""
     gl.static_assert(BLOCK_H == 64, "one wgmma M tile of heads per program")
     gl.static_assert(gl.num_warps() == 8, "two warpgroups: launch with num_warps=8")
     gl.static_assert(STAGES >= 2, "the ring needs a slot to gather into while one is computed")
