@@ -171,3 +171,33 @@ def test_graph_benchmark_runs_small_on_the_cpu(tmp_path, capsys):
     for key in ("raw_us", "graph_us", "runner_us", "one_break_us", "sanitizer_us", "capture_s"):
         assert isinstance(res[key], float), (key, res)
     assert res["buckets"] == 4 and "GraphRunner.run" in capsys.readouterr().out
+
+
+def test_capture_keeps_the_garbage_collector_off_and_restores_it():
+    """No collection mid-capture (it could free an earlier graph's pool); the state is restored,
+    also after a failed capture and when the caller had the collector off already."""
+    import gc
+
+    seen = []
+
+    def step(x):
+        seen.append(gc.isenabled())
+        return x + 1
+
+    def failing(x):
+        seen.append(gc.isenabled())
+        raise ValueError("boom")
+
+    x = torch.randn(4)
+    assert gc.isenabled()
+    BreakableGraph().capture(step, x)
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(ValueError, match="boom"):
+        BreakableGraph().capture(failing, x)
+    assert seen == [False, False] and gc.isenabled()
+    gc.disable()
+    try:
+        BreakableGraph().capture(step, x)
+        assert not gc.isenabled(), "a caller's disabled collector must stay disabled"
+    finally:
+        gc.enable()

@@ -225,3 +225,4 @@ def test_one_qpad_buffer_for_all_buckets(platform_name):
     assert qpads[0].nbytes == largest == meta.q_pad.nbytes()
     assert qpads[0].data_ptr == meta.q_pad.data_ptr()
     assert meta_bytes >= meta.nbytes()
+

@@ -19,6 +19,7 @@ later segments captured. A full graph is a BreakableGraph with no breaks.
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import threading
 from contextlib import ExitStack, contextmanager
@@ -159,6 +160,14 @@ class BreakableGraph:
         roots = named_roots(fn, args, kwargs, self.name_roots)
         names = collect_buffer_names(roots)
         _active.graph = self
+        # No garbage collection while capturing: a collection runs the finalizers of whatever
+        # earlier objects it frees (graphs, their pools, tensors) in the middle of the capture.
+        # On the H200 the full test suite's conformance capture failed with
+        # cudaErrorStreamCaptureInvalidated after other tests had run (twice in two runs of
+        # that order) and passed in the one run with the collector off; torch.cuda.graph
+        # likewise collects garbage before it captures.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
         try:
             self._begin_segment()
             try:
@@ -169,6 +178,8 @@ class BreakableGraph:
             self._end_segment()
         finally:
             _active.graph = None
+            if gc_was_enabled:
+                gc.enable()
         names.update({k: v for k, v in collect_buffer_names(roots).items() if k not in names})
         self.tracker.assign_names(names)
         self.tracker.end_capture()
