@@ -9,6 +9,7 @@ settings in :func:`all_configs`, which the ahead-of-time test compiles for sm_90
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 from typing import Any, Iterator
 
@@ -49,6 +50,7 @@ _WGMMA_TILE = {"kernel": "wgmma", "BLOCK_H": 64, "BLOCK_N": 64, "STAGES": 2, "nu
 # (128 heads x 1 row: 12.9 us with 32 splits).
 WGMMA_SPLIT_COST_BLOCKS = 2
 
+@functools.cache  # a process constant; find_spec searches the file system (~0.9 ms) every call
 def gluon_available() -> bool:
     """True when this triton has Gluon's Hopper dialect (triton >= 3.5), which the wgmma kernel needs."""
     try:
