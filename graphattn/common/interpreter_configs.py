@@ -16,6 +16,8 @@ _SPLIT = {"BLOCK_H": 16, "BLOCK_N": 16, "IDX_AHEAD": 1, "num_warps": 4, "num_sta
           "max_splits": 4, "min_split_blocks": 1, "target_programs": 64}
 _CONFIGS: dict[str, dict[str, Any]] = {
     "flashmla": {**_SPLIT, "KV_MAJOR": 1},
+    # flashmla's heads-major tiles, which it runs for inputs that are not 16-byte aligned
+    "flashmla_triton": _SPLIT,
     "trtllm": _SPLIT,
     "mega": {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
     "flashmla_combine": {"num_warps": 4, "num_stages": 1},

@@ -65,7 +65,9 @@ def _wgmma(path: str, capability: tuple[int, int]) -> bool:
 
 
 def _kv_major(path: str, rows: int, heads: int, capability: tuple[int, int]) -> bool:
-    return path.startswith("flashmla") and rows * heads <= (
+    # Not "flashmla_triton": the launcher asks for it for unaligned inputs, which the
+    # tokens-major tile cannot take (graphattn.kernels.flashmla._split_kernel says why).
+    return path == "flashmla" and rows * heads <= (
         KV_MAJOR_MAX_ROW_HEADS_WITH_WGMMA if _wgmma(path, capability) else KV_MAJOR_MAX_ROW_HEADS)
 
 
@@ -91,7 +93,8 @@ _TILES = (
     (1 << 30, (32, 32, 4, 3, 1)),
 )
 _COMBINE = {"num_warps": 4, "num_stages": 1}
-# "flashmla_triton": flashmla's Triton tiles only, for inputs the wgmma kernel cannot take.
+# "flashmla_triton": flashmla's heads-major Triton tiles only, for inputs that are not 16-byte
+# aligned (neither the wgmma kernel nor the tokens-major tile can take them).
 _PATHS = ("flashmla", "flashmla_triton", "trtllm", "mega", "flashmla_combine")
 _OVERRIDES: dict[str, dict[str, Any]] = {}
 

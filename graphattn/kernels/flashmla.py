@@ -68,25 +68,44 @@ def _flashmla_combine_kernel(
     tl.store(lse_ptr + row * H + h, lse)
 
 
-def _cp_async_aligned(q: torch.Tensor, kv: torch.Tensor) -> bool:
-    """Whether the wgmma kernel's 16-byte ``cp.async`` copies can take q and kv: base pointers
-    16-byte aligned and row strides that Triton specialises as multiples of 16 elements."""
+def _aligned_16(q: torch.Tensor, kv: torch.Tensor) -> bool:
+    """Whether q and kv rows are 16-byte aligned: base pointers 16-byte aligned and row strides
+    that Triton specialises as multiples of 16 elements."""
     return (q.data_ptr() % 16 == 0 and kv.data_ptr() % 16 == 0
             and all(s % 16 == 0 for s in (q.stride(0), q.stride(1), kv.stride(0))))
 
 
 def _split_kernel(q, kv, topk):
-    """``(kernel, cfg)`` of the first launch: the platform's choice, or flashmla's Triton tiles
-    where it chose the Gluon wgmma kernel but the inputs are not aligned for it."""
+    """``(kernel, cfg)`` of the first launch: the platform's choice, or flashmla's heads-major
+    Triton tiles (``flashmla_triton``) where it chose a kernel that needs 16-byte aligned rows
+    and the inputs are not aligned.
+
+    Two kernels need them: the Gluon wgmma kernel (its 16-byte ``cp.async`` copies do not
+    compile otherwise) and the tokens-major tile (``KV_MAJOR``), which triton 3.6 compiles for
+    an unaligned kv into ``wgmma`` operand reads past its shared-memory tile: compute-sanitizer
+    reports invalid ``__shared__`` reads, and the result is an illegal access or garbage (issue
+    10: 48 heads x 2 rows with a kv row stride of 600). The heads-major tiles are correct for
+    any stride.
+    """
     rows, heads, _ = q.shape
     cfg = path_config(PATH, rows, heads, topk)
-    if cfg.get("kernel") != "wgmma":
-        return _flashmla_split_kernel, cfg
-    if not _cp_async_aligned(q, kv):
+    wgmma = cfg.get("kernel") == "wgmma"
+    if (wgmma or cfg.get("KV_MAJOR")) and not _aligned_16(q, kv):
         return _flashmla_split_kernel, path_config(PATH + "_triton", rows, heads, topk)
+    if not wgmma:
+        return _flashmla_split_kernel, cfg
     from .wgmma import _flashmla_wgmma_kernel  # Gluon: imported only where the platform picks it
 
     return _flashmla_wgmma_kernel, cfg
+
+
+def kernel_name(q: torch.Tensor, kv: torch.Tensor, topk: int) -> str:
+    """The split kernel a launch over padded ``q`` and ``kv`` runs: ``"wgmma"`` (Gluon, sm_90),
+    ``"triton_kv_major"`` (the tokens-major Triton tile) or ``"triton"`` (the heads-major tiles)."""
+    kernel, cfg = _split_kernel(q, kv, topk)
+    if kernel is not _flashmla_split_kernel:
+        return "wgmma"
+    return "triton_kv_major" if cfg.get("KV_MAJOR") else "triton"
 
 
 def _launch_flashmla(q, kv, indices, sm_scale, ws_out, ws_lse, out, lse):

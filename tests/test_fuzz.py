@@ -1,0 +1,126 @@
+"""The fuzz harness (graphattn.testing.fuzz): random shapes for every backend against the float64
+reference, issue 10's regression shapes, and isolation of crashing cases.
+
+On the CPU the kernels run under the Triton interpreter on small shapes; scripts/gpu_fuzz.sh
+runs hundreds of cases per backend on a GPU, and under compute-sanitizer memcheck.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from graphattn.common.platform import current_platform
+from graphattn.testing import fuzz
+from graphattn.testing.fuzz_runner import BUILTIN, main, run_cases
+
+TESTS = Path(__file__).parent
+
+
+def _failures(summary) -> str:
+    return "\n".join(r.message or r.case.label for r in summary.failures)
+
+
+def test_random_cases_every_backend():
+    """Fresh random shapes per run of the suite (the seed is printed on failure)."""
+    seed = random.randrange(2**31)
+    cases = fuzz.draw_cases(list(BUILTIN), 6, seed, fuzz.CPU)
+    summary = run_cases(cases, isolate=False)
+    assert summary.clean, f"fuzz seed {seed}:\n{_failures(summary)}"
+    for backend in BUILTIN:
+        assert summary.counts[backend]["ok"] >= 5, f"backend '{backend}': {summary.counts[backend]} (seed {seed})"
+
+
+def test_regression_shapes_flashmla():
+    """Issue 10's shapes (pool of 1 token, top-k below a tile, strided and offset q/kv)."""
+    summary = run_cases(fuzz.regression_cases(["flashmla"]), isolate=False)
+    assert summary.clean, _failures(summary)
+    assert summary.counts["flashmla"]["ok"] == len(fuzz.REGRESSION_SHAPES)
+
+
+def test_draws_reach_the_edges():
+    """The generator reaches what the sweep must: a 1-token pool, top-k off every tile, odd
+    heads, every q/kv layout, all-invalid rows, out-of-range indices."""
+    cases = fuzz.draw_cases(["x"], 600, 0, fuzz.GPU)
+    seen = lambda pred: sum(1 for c in cases if pred(c))  # noqa: E731
+    assert seen(lambda c: c.pool == 1) >= 10
+    assert seen(lambda c: c.topk % 16 and c.topk < 64) >= 30
+    assert seen(lambda c: c.heads % 2 and c.heads > 64) >= 10
+    assert seen(lambda c: c.heads == 128) >= 10 and seen(lambda c: c.topk >= 2048) >= 30
+    assert {c.q_layout for c in cases} == set(fuzz.Q_LAYOUTS)
+    assert {c.kv_layout for c in cases} == set(fuzz.KV_LAYOUTS)
+    assert seen(lambda c: c.empty_rows) >= 50 and seen(lambda c: c.out_of_range > 0) >= 200
+    assert all(c.rows * c.heads * c.topk <= fuzz.GPU.max_work for c in cases)
+
+
+def test_inputs_follow_the_case():
+    case = fuzz.FuzzCase("torch", rows=3, heads=5, topk=40, pool=9, q_layout="head_slice",
+                         kv_layout="offset", offset=3, invalid=0.2, out_of_range=0.2, empty_rows=1, seed=5)
+    q, kv, idx = fuzz.make_inputs(case, torch.device("cpu"))
+    assert q.shape == (3, 5, 576) and q.stride(1) == 600 and not q.is_contiguous()
+    assert kv.shape == (9, 576) and kv.data_ptr() % 16 == 6, "offset 3 bf16 elements = 6 bytes"
+    assert idx.dtype == torch.int32 and idx.shape == (3, 40)
+    valid = (idx >= 0) & (idx < 9)
+    assert not valid[2].any(), "the last row is all-invalid"
+    assert (idx == -1).any() and ((idx >= 9) | (idx < -1)).any() and valid[:2].any()
+    q2, kv2, idx2 = fuzz.make_inputs(case, torch.device("cpu"))
+    assert torch.equal(q, q2) and torch.equal(kv, kv2) and torch.equal(idx, idx2), "seeded"
+
+
+def test_a_wrong_answer_is_caught(monkeypatch):
+    """A backend whose output is off by a little more than the tolerance fails its case."""
+    from graphattn.backends.torch_ref import TorchBackend
+
+    forward = TorchBackend.forward
+    monkeypatch.setattr(TorchBackend, "forward", lambda self, q, kv, md: (
+        lambda o: (o[0] + 0.05, o[1]))(forward(self, q, kv, md)))
+    case = fuzz.FuzzCase("torch", rows=2, heads=3, topk=20, pool=50, invalid=0.0, seed=1)
+    result = fuzz.run_case(case)
+    assert result.status == "wrong" and "out max error" in result.message, result
+    assert "backend 'torch'" in result.message
+
+
+def test_a_crash_does_not_hide_the_next_case():
+    """A worker that dies is reported as a crash (with its stderr), and the next case runs in a
+    fresh worker."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    base = fuzz.FuzzCase("crashing_backend:CrashingBackend", rows=1, heads=3, topk=8, pool=20, seed=2)
+    cases = [dataclasses.replace(base, heads=7), base, dataclasses.replace(base, heads=7), base]
+    results = []
+    summary = run_cases(cases, isolate=True, env=env, on_result=results.append, timeout=300)
+    assert [r.status for r in results] == ["crash", "ok", "crash", "ok"], [r.message for r in results]
+    assert "exit code 9" in results[0].message
+
+
+def test_cli_writes_counts(tmp_path):
+    path = tmp_path / "fuzz.json"
+    assert main(["--backends", "torch", "--cases", "3", "--no-isolate", "--quiet", "--json", str(path)]) == 0
+    *results, counts = [json.loads(line) for line in path.read_text().splitlines()]
+    assert counts["counts"]["torch"]["ok"] == 3 and len(results) == 3
+    assert all(r["status"] == "ok" and r["case"]["backend"] == "torch" for r in results)
+    with pytest.raises(SystemExit):
+        main(["--cases", "0"])
+
+
+def test_unaligned_inputs_run_the_heads_major_tiles(monkeypatch):
+    """Issue 10: neither the wgmma kernel nor the tokens-major tile gets inputs whose rows are
+    not 16-byte aligned, whatever the row and head count; they run the heads-major tiles."""
+    from graphattn.cuda import configs as cuda_configs
+    from graphattn.kernels import flashmla
+
+    monkeypatch.setattr(type(current_platform()), "kernel_config",
+                        lambda self, p, **kw: cuda_configs.kernel_config(p, **kw))
+    kv_ok = torch.randn(100, 576)
+    bad = {"kv row stride 600": torch.randn(100, 600)[:, :576],
+           "kv offset 3": torch.randn(100 * 576 + 3)[3:].view(100, 576)}
+    for rows, heads in ((1, 64), (1, 128), (2, 64), (8, 64), (1, 192)):
+        q = torch.randn(rows, heads, 576)
+        for name, kv in bad.items():
+            assert flashmla.kernel_name(q, kv, 64) == "triton", f"[flashmla {rows}x{heads} {name}]"
+        assert flashmla.kernel_name(q, kv_ok, 64) != "triton" or not cuda_configs.gluon_available()
