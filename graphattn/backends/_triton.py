@@ -1,34 +1,52 @@
-"""Shared plumbing of the Triton backends: lazy kernel import and metadata checks.
+"""Shared plumbing of the Triton backends: capabilities from the kernel path's spec, launch
+plans memoised per row count, and the direct launch that skips the custom-op dispatcher.
 
-The kernels are imported on first use, not when the registry lists names, so ``graphattn list``
-and ``--attn-backend`` parsing work (and report why) on a machine where Triton cannot load.
+The kernels are imported when a backend is constructed, not when the registry lists names, so
+``graphattn list`` and ``--attn-backend`` parsing work (and report why) on a machine where
+Triton cannot load.
 """
 
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
-from typing import ClassVar
+from typing import Any, ClassVar
+
+import torch
 
 from ..common.metadata import GraphMetadata
+from ..kernels.launch import KernelSpec, LaunchPlan, aligned_16, direct_launch_allowed
+from ..kernels.plan import split_plan
 from .base import AttentionBackend
 
 
-def kernels() -> ModuleType:
-    """``graphattn.kernels`` (importing it registers the ``torch.ops.graphattn`` custom ops)."""
-    return importlib.import_module("graphattn.kernels")
-
-
-def split_plan(path: str, num_heads: int, topk: int):
-    """``graphattn.kernels.split_plan``: the workspace/counter bound of a kernel path."""
-    return importlib.import_module("graphattn.kernels.plan").split_plan(path, num_heads, topk)
-
-
 class TritonBackend(AttentionBackend):
-    """Base of the backends whose ``forward`` is one ``torch.ops.graphattn`` Triton op."""
+    """Base of the backends whose ``forward`` is one Triton kernel path.
+
+    Subclasses set ``kernel_spec``; ``pads_q``, ``uses_counter`` and ``uses_workspace`` follow
+    from it. ``plan()`` writes the step's indices and builds (or finds) the step's
+    :class:`LaunchPlan`; ``forward()`` looks it up by row count and launches. With no
+    tracing, compiling or dispatch mode active it calls the kernel module's ``run_*``
+    directly; otherwise it calls the custom op, so ``torch.compile``, the capture sanitizer and
+    the CPU graph emulator see every kernel.
+    """
 
     uses_triton = True
-    kernel_path: ClassVar[str] = ""  # the graphattn.kernels path whose workspace plan sizes the metadata
+    kernel_spec: ClassVar[KernelSpec]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        spec = cls.__dict__.get("kernel_spec")
+        if spec is not None:
+            cls.pads_q = spec.pads_heads
+            cls.uses_counter = spec.uses_counter
+            cls.uses_workspace = spec.uses_workspace
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._module = importlib.import_module(f"graphattn.kernels.{self.kernel_spec.name}")
+        self._op = self.kernel_spec.op
+        self._kernel_heads = self.padded_heads or self.num_heads
+        self._plans: dict[tuple[int, bool, int], LaunchPlan] = {}
 
     def make_metadata(self, max_rows: int) -> GraphMetadata:
         """Reserve the q-pad buffer (padding backends), the counter and the split-KV workspace
@@ -36,11 +54,30 @@ class TritonBackend(AttentionBackend):
 
         Host side, not capturable; see :meth:`AttentionBackend.make_metadata`.
         """
-        plan = split_plan(self.kernel_path, self.padded_heads or self.num_heads, self.topk)
+        plan = split_plan(self.kernel_spec.name, self._kernel_heads, self.topk)
         return GraphMetadata(
             max_rows, self.num_heads, self.topk, self.dtype, self.device,
             padded_heads=self.padded_heads, **plan.metadata_kwargs(),
         )
+
+    def plan(self, metadata: GraphMetadata, indices: torch.Tensor, pad_to: int | None = None) -> None:
+        """See :meth:`AttentionBackend.plan`; also builds the launch plan of the rows the next
+        ``forward`` gets (``max(rows, pad_to)``), so ``forward`` only looks it up."""
+        super().plan(metadata, indices, pad_to)
+        self.launch_plan(metadata, metadata.num_planned_rows)
+
+    def launch_plan(self, metadata: GraphMetadata, rows: int, aligned: bool = True) -> LaunchPlan:
+        """The memoised :class:`LaunchPlan` for ``rows`` query rows on ``metadata``'s workspace
+        (``aligned``: q and kv rows 16-byte aligned). Host side; cheap after the first call."""
+        ws = metadata.workspace_splits(rows) if self.uses_workspace else 0
+        key = (rows, aligned, ws)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._build_plan(rows, aligned, ws)
+        return plan
+
+    def _build_plan(self, rows: int, aligned: bool, ws_splits: int) -> LaunchPlan:
+        raise NotImplementedError
 
     def check_metadata(self, metadata: GraphMetadata) -> None:
         """Refuse metadata made for another configuration (cheap: Python attributes only)."""
@@ -55,3 +92,28 @@ class TritonBackend(AttentionBackend):
             raise ValueError(f"{self.name}: metadata has no multi-CTA counter; use make_metadata")
         if self.uses_workspace and metadata.workspace_out is None:
             raise ValueError(f"{self.name}: metadata has no split-KV workspace; use make_metadata")
+
+    def check_call(self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata) -> None:
+        """Everything ``forward`` checks before a launch (Python attributes only, so it costs
+        about a microsecond and is free inside a capture): shapes and dtypes, contiguous last
+        dims, one device, matching metadata."""
+        self.check_inputs(q, kv)
+        if q.stride(-1) != 1 or kv.stride(-1) != 1:
+            raise ValueError(
+                f"{self.name}: q and kv need a contiguous last dim (stride 1), got q strides "
+                f"{q.stride()}, kv strides {kv.stride()}; pass .contiguous()"
+            )
+        if kv.device != q.device or metadata.device != q.device:
+            raise ValueError(
+                f"{self.name}: q is on {q.device}, kv on {kv.device}, metadata on "
+                f"{metadata.device}; put them on one device"
+            )
+        self.check_metadata(metadata)
+
+
+def direct_plan(backend: TritonBackend, metadata: GraphMetadata, q: torch.Tensor,
+                kv: torch.Tensor) -> LaunchPlan | None:
+    """``backend``'s plan for this call when it may launch directly, else ``None``."""
+    if not direct_launch_allowed():
+        return None
+    return backend.launch_plan(metadata, q.shape[0], aligned_16(q, kv))

@@ -5,7 +5,7 @@ FlashMLA's sparse decode kernel processes heads in groups of the platform's
 the query must be padded. The padding lives in the metadata's one grow-only q-pad buffer: each
 call copies the real heads into a row slice of it (the padding heads were zeroed once, at
 allocation) and the graph keeps that address for good -- the fix for the per-bucket
-``q_pad_buffer`` bug described in DESIGN.md.
+``q_pad_buffer`` bug described in docs/design.md.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from ..common.metadata import GraphMetadata
-from ._triton import TritonBackend, kernels
+from ..kernels.launch import FLASHMLA, LaunchPlan
+from ._triton import TritonBackend, direct_plan
 from .base import GraphSupport
 
 
@@ -22,11 +23,12 @@ class FlashMLABackend(TritonBackend):
 
     name = "flashmla"
     supported_dtypes = (torch.bfloat16, torch.float16)
-    pads_q = True
-    uses_workspace = True
+    kernel_spec = FLASHMLA
     graph_support = GraphSupport.FULL
-    kernel_path = "flashmla"
     description = "FlashMLA-style: q padded to 64 heads, split-KV workspace + combine kernel"
+
+    def _build_plan(self, rows: int, aligned: bool, ws_splits: int) -> LaunchPlan:
+        return self._module.plan_flashmla(rows, self._kernel_heads, self.topk, ws_splits, aligned)
 
     def forward(
         self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata
@@ -36,13 +38,16 @@ class FlashMLABackend(TritonBackend):
         Returns views ``out[:, :num_heads]`` / ``lse[:, :num_heads]`` of the padded kernel output
         (non-contiguous when heads were padded).
         """
-        self.check_inputs(q, kv)
-        self.check_metadata(metadata)
+        self.check_call(q, kv, metadata)
         rows = q.shape[0]
-        kernels()
         q_padded = metadata.zero_padded_q(q)  # [rows, padded_heads, 576], a slice of q_pad
-        ws_out, ws_lse = metadata.workspace_for(rows)
-        out, lse = torch.ops.graphattn.sparse_mla_flashmla(
-            q_padded, kv, metadata.indices_for(rows), self.sm_scale, ws_out, ws_lse
-        )
+        indices = metadata.indices_for(rows)
+        plan = direct_plan(self, metadata, q_padded, kv)
+        if plan is not None:
+            out, lse = self._module.run_flashmla(plan, q_padded, kv, indices, self.sm_scale,
+                                                 *metadata.workspace_for(rows, plan.workspace_splits))
+        else:
+            out, lse = self._op(q_padded, kv, indices, self.sm_scale, *metadata.workspace_for(rows))
+        if self._kernel_heads == self.num_heads:
+            return out, lse
         return out[:, : self.num_heads], lse[:, : self.num_heads]

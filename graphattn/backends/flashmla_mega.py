@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from ..common.metadata import GraphMetadata
-from ._triton import TritonBackend, kernels
+from ..kernels.launch import MEGA, LaunchPlan
+from ._triton import TritonBackend, direct_plan
 from .base import GraphSupport
 
 
@@ -19,16 +20,20 @@ class FlashMLAMegaBackend(TritonBackend):
 
     name = "flashmla_mega"
     supported_dtypes = (torch.bfloat16, torch.float16)
+    kernel_spec = MEGA
     graph_support = GraphSupport.FULL
-    kernel_path = "mega"
     description = "single pass per (row, head block): no padding, counter or workspace"
+
+    def _build_plan(self, rows: int, aligned: bool, ws_splits: int) -> LaunchPlan:
+        return self._module.plan_mega(rows, self.num_heads, self.topk)
 
     def forward(
         self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """See :meth:`AttentionBackend.forward`. Capturable."""
-        self.check_inputs(q, kv)
-        self.check_metadata(metadata)
-        kernels()
+        self.check_call(q, kv, metadata)
         indices = metadata.indices_for(q.shape[0])
-        return torch.ops.graphattn.sparse_mla_mega(q, kv, indices, self.sm_scale)
+        plan = direct_plan(self, metadata, q, kv)
+        if plan is not None:
+            return self._module.run_mega(plan, q, kv, indices, self.sm_scale)
+        return self._op(q, kv, indices, self.sm_scale)

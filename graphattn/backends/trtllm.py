@@ -4,7 +4,7 @@ Each CTA writes its split's partial to the workspace and increments the (row, he
 counter; the last CTA combines and resets the counter to 0. The counter is sized before any
 capture for the metadata's reserved rows (``max(max_bs, max_num_tokens)``) and never replaced:
 an eager call with more rows gets a temporary zeroed counter (the ``TEMPORARY`` overflow policy
-of its GrowOnlyBuffer) -- the fix for the counter-rebinding bug described in DESIGN.md.
+of its GrowOnlyBuffer) -- the fix for the counter-rebinding bug described in docs/design.md.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from ..common.metadata import GraphMetadata
-from ._triton import TritonBackend, kernels
+from ..kernels.launch import TRTLLM, LaunchPlan
+from ._triton import TritonBackend, direct_plan
 from .base import GraphSupport
 
 
@@ -21,22 +22,23 @@ class TrtllmBackend(TritonBackend):
 
     name = "trtllm"
     supported_dtypes = (torch.bfloat16, torch.float16)
-    uses_counter = True
-    uses_workspace = True
+    kernel_spec = TRTLLM
     graph_support = GraphSupport.FULL
-    kernel_path = "trtllm"
     description = "TRT-LLM-style: any heads, multi-CTA split-KV, last CTA combines (one launch)"
+
+    def _build_plan(self, rows: int, aligned: bool, ws_splits: int) -> LaunchPlan:
+        return self._module.plan_trtllm(rows, self.num_heads, self.topk, ws_splits)
 
     def forward(
         self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """See :meth:`AttentionBackend.forward`. Capturable (within the reserved rows)."""
-        self.check_inputs(q, kv)
-        self.check_metadata(metadata)
+        self.check_call(q, kv, metadata)
         rows = q.shape[0]
-        kernels()
         counter = metadata.counter_for(rows)  # [rows, cols] int32 zeros; the kernel re-zeroes it
-        ws_out, ws_lse = metadata.workspace_for(rows)
-        return torch.ops.graphattn.sparse_mla_trtllm(
-            q, kv, metadata.indices_for(rows), self.sm_scale, counter, ws_out, ws_lse
-        )
+        indices = metadata.indices_for(rows)
+        plan = direct_plan(self, metadata, q, kv)
+        if plan is not None:
+            return self._module.run_trtllm(plan, q, kv, indices, self.sm_scale, counter,
+                                           *metadata.workspace_for(rows, plan.workspace_splits))
+        return self._op(q, kv, indices, self.sm_scale, counter, *metadata.workspace_for(rows))

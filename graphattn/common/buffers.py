@@ -63,6 +63,7 @@ class GrowOnlyBuffer:
         self.fill = fill
         self._captured = False
         self._data = self._allocate(0)
+        self._views: dict[int, torch.Tensor] = {}
         self.reserve(rows)
 
     @property
@@ -108,6 +109,7 @@ class GrowOnlyBuffer:
         if is_capturing():
             raise CaptureCapacityError(self.name, self.capacity, rows)
         self._data = self._allocate(rows)
+        self._views = {}
 
     def view(self, rows: int) -> torch.Tensor:
         """A ``[rows, *row_shape]`` slice of the storage (never a copy).
@@ -131,7 +133,14 @@ class GrowOnlyBuffer:
                 raise CapturedBufferGrowthError(self.name, self.capacity, rows)
         if capturing:
             self._captured = True
-        return self._data[:rows]
+        if torch.compiler.is_compiling():
+            return self._data[:rows]
+        # One view object per row count (an eager call then costs a dict lookup, not a slice);
+        # forgotten whenever the storage is replaced.
+        view = self._views.get(rows)
+        if view is None:
+            view = self._views[rows] = self._data[:rows]
+        return view
 
     def mark_captured(self) -> None:
         """Pin the storage: from now on it is never freed or replaced by this object."""

@@ -45,6 +45,7 @@ class GraphMetadata:
         indices: ``[R, topk]`` int32 KV-pool rows per query row, −1 = skip; the per-step tensor
             ``refresh_`` writes in place. Policy RAISE.
         num_rows: live rows written by the last ``refresh_`` (host int).
+        num_planned_rows: rows the last ``refresh_`` wrote including padding (``max(n, pad_to)``).
     """
 
     def __init__(
@@ -71,6 +72,8 @@ class GraphMetadata:
         ws_heads = workspace_heads or padded_heads or num_heads
         self._captured = False
         self.num_rows = 0
+        self.num_planned_rows = 0
+        self._ws_views: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
         def buf(name, row_shape, dt, policy, fill=0, rows=0):
             return GrowOnlyBuffer(name, row_shape, dt, self.device, policy, rows, fill)
@@ -166,7 +169,8 @@ class GraphMetadata:
         return self.counter.view(rows)
 
     def workspace_splits(self, rows: int) -> int:
-        """Splits per row the pool holds at ``rows`` rows: ``min(num_splits, P // rows)``.
+        """The most splits per row the pool holds at ``rows`` rows: ``min(num_splits, P // rows)``
+        (a capacity, not a choice: the kernel's launch plan picks how many it uses, at most this).
 
         0 when ``rows`` exceeds the pool: the kernels then run one split, which writes ``out``
         directly (``split_plan`` sizes the pool so that this happens only where they would
@@ -176,15 +180,29 @@ class GraphMetadata:
             raise RuntimeError("this metadata has no split-KV workspace (num_splits=0)")
         return min(self.num_splits, self.workspace_out.capacity // max(rows, 1))
 
-    def workspace_for(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Split-KV partials ``([rows, S, Hw, d_v], [rows, S, Hw])`` float32, S = workspace_splits.
+    def workspace_for(self, rows: int, splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Split-KV partials ``([rows, S, Hw, d_v], [rows, S, Hw])`` float32.
 
-        Views of the first ``rows * S`` partials of the pool: every row count shares its storage.
+        ``S = splits`` (the launch plan's count; at most :meth:`workspace_splits`), or all the
+        pool holds when ``None``. Views of the first ``rows * S`` partials of the pool: every row
+        count shares its storage, and the same ``(rows, S)`` gets the same view objects.
         """
-        s = self.workspace_splits(rows)  # raises when there is no workspace
-        out = self.workspace_out.view(rows * s)
-        lse = self.workspace_lse.view(rows * s)
-        return out.view(rows, s, *out.shape[1:]), lse.view(rows, s, *lse.shape[1:])
+        most = self.workspace_splits(rows)  # raises when there is no workspace
+        s = most if splits is None else splits
+        if not 0 <= s <= most:
+            raise ValueError(
+                f"workspace_for: {s} splits x {rows} rows exceed the pool of "
+                f"{self.workspace_out.capacity} partials (at most {most} splits at {rows} rows)"
+            )
+        key = (rows, s)
+        views = self._ws_views.get(key)
+        if views is None or torch.compiler.is_compiling():
+            out = self.workspace_out.view(rows * s)
+            lse = self.workspace_lse.view(rows * s)
+            views = (out.view(rows, s, *out.shape[1:]), lse.view(rows, s, *lse.shape[1:]))
+            if not torch.compiler.is_compiling():  # the pool never grows, so views stay valid
+                self._ws_views[key] = views
+        return views
 
     def indices_for(self, rows: int) -> torch.Tensor:
         """``[rows, topk]`` int32 slice of the persistent index table."""
@@ -204,9 +222,13 @@ class GraphMetadata:
         n = indices.shape[0]
         rows = max(n, pad_to or 0)
         table = self.indices.view(rows)
-        table[:n].copy_(indices)
-        table[n:].fill_(-1)
+        if rows == n:
+            table.copy_(indices)
+        else:
+            table[:n].copy_(indices)
+            table[n:].fill_(-1)
         self.num_rows = n
+        self.num_planned_rows = rows
 
     def __repr__(self) -> str:
         return (

@@ -8,17 +8,21 @@ split the first launch writes ``out``/``lse`` directly and the combine is skippe
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
 
-from ..common.metadata import D_V
-from ..common.platform import current_platform
+from ..common.metadata import D_QK, D_V
+from ..common.platform import Platform, current_platform
 from . import checks
 from ._core import LOG2E, _split_program, _store_final, _store_partial
+from .launch import FLASHMLA, LaunchPlan, aligned_16, make_launch, memoised
 from .plan import cdiv, empty_outputs, launch_parts, path_config, split_layout
 
-PATH = "flashmla"
+PATH = FLASHMLA.name
+D_ROPE = D_QK - D_V
 
 
 @triton.jit
@@ -68,17 +72,15 @@ def _flashmla_combine_kernel(
     tl.store(lse_ptr + row * H + h, lse)
 
 
-def _aligned_16(q: torch.Tensor, kv: torch.Tensor) -> bool:
-    """Whether q and kv rows are 16-byte aligned: base pointers 16-byte aligned and row strides
-    that Triton specialises as multiples of 16 elements."""
-    return (q.data_ptr() % 16 == 0 and kv.data_ptr() % 16 == 0
-            and all(s % 16 == 0 for s in (q.stride(0), q.stride(1), kv.stride(0))))
-
-
 def _split_kernel(q, kv, topk):
-    """``(kernel, cfg)`` of the first launch: the platform's choice, or flashmla's heads-major
-    Triton tiles (``flashmla_triton``) where it chose a kernel that needs 16-byte aligned rows
-    and the inputs are not aligned.
+    """``(kernel, cfg)`` of the first launch (see :func:`_select`)."""
+    return _select(q.shape[0], q.shape[1], topk, aligned_16(q, kv))[:2]
+
+
+def _select(rows: int, heads: int, topk: int, aligned: bool) -> tuple[Any, dict[str, Any], str]:
+    """``(kernel, cfg, name)`` of the first launch: the platform's choice, or flashmla's
+    heads-major Triton tiles (``flashmla_triton``) where it chose a kernel that needs 16-byte
+    aligned rows and the inputs are not aligned.
 
     Two kernels need them: the Gluon wgmma kernel (its 16-byte ``cp.async`` copies do not
     compile otherwise) and the tokens-major tile (``KV_MAJOR``), which triton 3.6 compiles for
@@ -87,54 +89,69 @@ def _split_kernel(q, kv, topk):
     10: 48 heads x 2 rows with a kv row stride of 600). The heads-major tiles are correct for
     any stride.
     """
-    rows, heads, _ = q.shape
     cfg = path_config(PATH, rows, heads, topk)
     wgmma = cfg.get("kernel") == "wgmma"
-    if (wgmma or cfg.get("KV_MAJOR")) and not _aligned_16(q, kv):
-        return _flashmla_split_kernel, path_config(PATH + "_triton", rows, heads, topk)
+    if (wgmma or cfg.get("KV_MAJOR")) and not aligned:
+        return _flashmla_split_kernel, path_config(PATH + "_triton", rows, heads, topk), "triton"
     if not wgmma:
-        return _flashmla_split_kernel, cfg
+        return _flashmla_split_kernel, cfg, "triton_kv_major" if cfg.get("KV_MAJOR") else "triton"
     from .wgmma import _flashmla_wgmma_kernel  # Gluon: imported only where the platform picks it
 
-    return _flashmla_wgmma_kernel, cfg
+    return _flashmla_wgmma_kernel, cfg, "wgmma"
 
 
 def kernel_name(q: torch.Tensor, kv: torch.Tensor, topk: int) -> str:
     """The split kernel a launch over padded ``q`` and ``kv`` runs: ``"wgmma"`` (Gluon, sm_90),
     ``"triton_kv_major"`` (the tokens-major Triton tile) or ``"triton"`` (the heads-major tiles)."""
-    kernel, cfg = _split_kernel(q, kv, topk)
-    if kernel is not _flashmla_split_kernel:
-        return "wgmma"
-    return "triton_kv_major" if cfg.get("KV_MAJOR") else "triton"
+    return _select(q.shape[0], q.shape[1], topk, aligned_16(q, kv))[2]
 
 
-def _launch_flashmla(q, kv, indices, sm_scale, ws_out, ws_lse, out, lse):
-    """Launch both kernels; returns the compiled split kernel (for n_regs/n_spills reports)."""
-    rows, heads, d_qk = q.shape
-    topk = indices.shape[1]
-    kernel, cfg = _split_kernel(q, kv, topk)
-    splits, split_len = split_layout(rows, heads, topk, cfg, ws_out.shape[1])
+@memoised
+def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, aligned: bool) -> LaunchPlan:
+    kernel, cfg, name = _select(rows, heads, topk, aligned)
+    splits, split_len = split_layout(rows, heads, topk, cfg, ws_splits)
     meta, opts = launch_parts(cfg)
     if kernel is _flashmla_split_kernel:
-        meta["DOT_F32"] = current_platform().uses_triton_interpreter
-    grid = (rows * splits * cdiv(heads, meta["BLOCK_H"]),)
-    handle = kernel[grid](
+        meta["DOT_F32"] = platform.uses_triton_interpreter
+    head_blocks = cdiv(heads, meta["BLOCK_H"])
+    main = make_launch(kernel, (rows * splits * head_blocks,), D_NOPE=D_V, D_ROPE=D_ROPE,
+                       DIRECT=splits == 1, **meta, **opts)
+    combine = None
+    if splits > 1:
+        cmeta, copts = launch_parts(path_config(PATH + "_combine", rows, heads, topk))
+        combine = make_launch(_flashmla_combine_kernel, (rows * heads,),
+                              BLOCK_S=max(2, triton.next_power_of_2(splits)), D_NOPE=D_V, **cmeta, **copts)
+    return LaunchPlan(FLASHMLA, rows, heads, topk, splits, split_len, head_blocks, name, main, combine)
+
+
+def plan_flashmla(rows: int, heads: int, topk: int, ws_splits: int, aligned: bool = True) -> LaunchPlan:
+    """The memoised :class:`LaunchPlan` for ``q [rows, heads, 576]`` (heads padded) and
+    ``indices [rows, topk]`` with a workspace of ``ws_splits`` splits per row; ``aligned``:
+    q and kv rows are 16-byte aligned (:func:`aligned_16`)."""
+    return _plan(current_platform(), rows, heads, topk, ws_splits, aligned)
+
+
+def run_flashmla(plan: LaunchPlan, q, kv, indices, sm_scale: float, ws_out, ws_lse):
+    """Launch ``plan`` (both kernels); returns ``out [rows, H, 512]``, ``lse [rows, H]``.
+
+    No input checks: :func:`sparse_mla_flashmla` checks before it calls this, and backends
+    check what they pass (shapes, dtypes, contiguous last dims, one device).
+    """
+    out, lse = empty_outputs(q)
+    if not plan.rows:
+        return out, lse
+    plan.main(
         q, kv, indices, ws_out, ws_lse, out, lse,
-        heads, kv.shape[0], topk, split_len, splits, sm_scale * LOG2E,
+        plan.heads, kv.shape[0], plan.topk, plan.split_len, plan.splits, sm_scale * LOG2E,
         q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
         ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0), ws_lse.stride(1),
-        D_NOPE=D_V, D_ROPE=d_qk - D_V, DIRECT=splits == 1, **meta, **opts,
     )
-    if splits == 1:
-        return handle
-    ccfg = path_config(PATH + "_combine", rows, heads, topk)
-    cmeta, copts = launch_parts(ccfg)
-    _flashmla_combine_kernel[(rows * heads,)](
-        ws_out, ws_lse, out, lse, heads, splits,
-        ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0), ws_lse.stride(1),
-        BLOCK_S=max(2, triton.next_power_of_2(splits)), D_NOPE=D_V, **cmeta, **copts,
-    )
-    return handle
+    if plan.combine is not None:
+        plan.combine(
+            ws_out, ws_lse, out, lse, plan.heads, plan.splits,
+            ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0), ws_lse.stride(1),
+        )
+    return out, lse
 
 
 def _check(q, kv, indices, ws_out, ws_lse) -> None:
@@ -167,10 +184,8 @@ def sparse_mla_flashmla(
         no valid index gives out 0 and lse −inf.
     """
     _check(q, kv, indices, ws_out, ws_lse)
-    out, lse = empty_outputs(q)
-    if q.shape[0]:
-        _launch_flashmla(q, kv, indices, sm_scale, ws_out, ws_lse, out, lse)
-    return out, lse
+    plan = plan_flashmla(q.shape[0], q.shape[1], indices.shape[1], ws_out.shape[1], aligned_16(q, kv))
+    return run_flashmla(plan, q, kv, indices, sm_scale, ws_out, ws_lse)
 
 
 @sparse_mla_flashmla.register_fake

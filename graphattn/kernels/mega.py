@@ -11,13 +11,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.metadata import D_V
-from ..common.platform import current_platform
+from ..common.metadata import D_QK, D_V
+from ..common.platform import Platform, current_platform
 from . import checks
 from ._core import LOG2E, _attend_range, _finalize, _load_q, _store_final
+from .launch import MEGA, LaunchPlan, make_launch, memoised
 from .plan import cdiv, empty_outputs, launch_parts, path_config
 
-PATH = "mega"
+PATH = MEGA.name
 
 
 @triton.jit
@@ -41,19 +42,28 @@ def _mega_kernel(
     _store_final(out_ptr, lse_ptr, row, h_offs, H, out, lse, D_NOPE)
 
 
-def _launch_mega(q, kv, indices, sm_scale, out, lse):
-    """Launch; returns the compiled kernel (its n_regs/n_spills feed the benchmark report)."""
-    rows, heads, d_qk = q.shape
-    topk = indices.shape[1]
+@memoised
+def _plan(platform: Platform, rows: int, heads: int, topk: int) -> LaunchPlan:
     meta, opts = launch_parts(path_config(PATH, rows, heads, topk))
-    grid = (rows * cdiv(heads, meta["BLOCK_H"]),)
-    return _mega_kernel[grid](
-        q, kv, indices, out, lse,
-        heads, kv.shape[0], topk, sm_scale * LOG2E,
-        q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
-        D_NOPE=D_V, D_ROPE=d_qk - D_V, DOT_F32=current_platform().uses_triton_interpreter,
-        **meta, **opts,
-    )
+    head_blocks = cdiv(heads, meta["BLOCK_H"])
+    main = make_launch(_mega_kernel, (rows * head_blocks,), D_NOPE=D_V, D_ROPE=D_QK - D_V,
+                       DOT_F32=platform.uses_triton_interpreter, **meta, **opts)
+    return LaunchPlan(MEGA, rows, heads, topk, 1, topk, head_blocks, "triton", main)
+
+
+def plan_mega(rows: int, heads: int, topk: int) -> LaunchPlan:
+    """The memoised :class:`LaunchPlan` for ``q [rows, heads, 576]`` and ``indices [rows, topk]``."""
+    return _plan(current_platform(), rows, heads, topk)
+
+
+def run_mega(plan: LaunchPlan, q, kv, indices, sm_scale: float):
+    """Launch ``plan``; returns ``out [rows, H, 512]``, ``lse [rows, H]``. No input checks
+    (:func:`sparse_mla_mega` checks first; backends check what they pass)."""
+    out, lse = empty_outputs(q)
+    if plan.rows:
+        plan.main(q, kv, indices, out, lse, plan.heads, kv.shape[0], plan.topk, sm_scale * LOG2E,
+                  q.stride(0), q.stride(1), kv.stride(0), indices.stride(0))
+    return out, lse
 
 
 @torch.library.custom_op("graphattn::sparse_mla_mega", mutates_args=())
@@ -74,10 +84,7 @@ def sparse_mla_mega(
         no valid index gives out 0 and lse −inf.
     """
     checks.check_attention_inputs(PATH, q, kv, indices)
-    out, lse = empty_outputs(q)
-    if q.shape[0]:
-        _launch_mega(q, kv, indices, sm_scale, out, lse)
-    return out, lse
+    return run_mega(plan_mega(q.shape[0], q.shape[1], indices.shape[1]), q, kv, indices, sm_scale)
 
 
 @sparse_mla_mega.register_fake

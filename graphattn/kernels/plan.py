@@ -101,7 +101,7 @@ def choose_splits(rows: int, heads: int, topk: int, cfg: dict[str, Any]) -> int:
     """
     blocks = cdiv(max(topk, 1), cfg["BLOCK_N"])
     cap = max(1, min(cfg.get("max_splits", 1), blocks // max(1, cfg.get("min_split_blocks", 1))))
-    programs = rows * cdiv(heads, cfg["BLOCK_H"])
+    programs = max(1, rows * cdiv(heads, cfg["BLOCK_H"]))  # rows = 0 launches nothing
     target = _target_programs(cfg)
     most = max(1, min(cap, cdiv(target, programs)))
     if "split_cost_blocks" not in cfg:

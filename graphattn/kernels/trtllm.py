@@ -19,13 +19,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.metadata import D_V
-from ..common.platform import current_platform
+from ..common.metadata import D_QK, D_V
+from ..common.platform import Platform, current_platform
 from . import checks
 from ._core import LOG2E, _combine_splits, _split_program, _store_final, _store_partial
+from .launch import TRTLLM, LaunchPlan, make_launch, memoised
 from .plan import cdiv, empty_outputs, launch_parts, path_config, split_layout
 
-PATH = "trtllm"
+PATH = TRTLLM.name
 
 
 @triton.jit
@@ -59,31 +60,45 @@ def _trtllm_kernel(
             tl.atomic_xchg(ctr, 0, sem="relaxed", scope="gpu")
 
 
-def _launch_trtllm(q, kv, indices, sm_scale, counter, ws_out, ws_lse, out, lse, cfg):
-    """Launch; returns the compiled kernel (its n_regs/n_spills feed the benchmark report)."""
-    rows, heads, d_qk = q.shape
-    topk = indices.shape[1]
+@memoised
+def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int) -> LaunchPlan:
+    cfg = path_config(PATH, rows, heads, topk)
     # Only non-empty splits are launched, so the arrival count the kernel waits for is exactly
     # the number of programs per counter.
-    splits, split_len = split_layout(rows, heads, topk, cfg, ws_out.shape[1])
+    splits, split_len = split_layout(rows, heads, topk, cfg, ws_splits)
     meta, opts = launch_parts(cfg)
-    grid = (rows * splits * cdiv(heads, meta["BLOCK_H"]),)
-    return _trtllm_kernel[grid](
-        q, kv, indices, counter, ws_out, ws_lse, out, lse,
-        heads, kv.shape[0], topk, split_len, splits, sm_scale * LOG2E,
-        q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), counter.stride(0),
-        ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0), ws_lse.stride(1),
-        D_NOPE=D_V, D_ROPE=d_qk - D_V, DIRECT=splits == 1,
-        DOT_F32=current_platform().uses_triton_interpreter, **meta, **opts,
-    )
+    head_blocks = cdiv(heads, meta["BLOCK_H"])
+    main = make_launch(_trtllm_kernel, (rows * splits * head_blocks,), D_NOPE=D_V, D_ROPE=D_QK - D_V,
+                       DIRECT=splits == 1, DOT_F32=platform.uses_triton_interpreter, **meta, **opts)
+    return LaunchPlan(TRTLLM, rows, heads, topk, splits, split_len, head_blocks, "triton", main)
 
 
-def _check(q, kv, indices, counter, ws_out, ws_lse) -> dict:
+def plan_trtllm(rows: int, heads: int, topk: int, ws_splits: int) -> LaunchPlan:
+    """The memoised :class:`LaunchPlan` for ``q [rows, heads, 576]`` and ``indices [rows, topk]``
+    with a workspace of ``ws_splits`` splits per row."""
+    return _plan(current_platform(), rows, heads, topk, ws_splits)
+
+
+def run_trtllm(plan: LaunchPlan, q, kv, indices, sm_scale: float, counter, ws_out, ws_lse):
+    """Launch ``plan``; returns ``out [rows, H, 512]``, ``lse [rows, H]``. No input checks
+    (:func:`sparse_mla_trtllm` checks first; backends check what they pass)."""
+    out, lse = empty_outputs(q)
+    if plan.rows:
+        plan.main(
+            q, kv, indices, counter, ws_out, ws_lse, out, lse,
+            plan.heads, kv.shape[0], plan.topk, plan.split_len, plan.splits, sm_scale * LOG2E,
+            q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), counter.stride(0),
+            ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0), ws_lse.stride(1),
+        )
+    return out, lse
+
+
+def _check(q, kv, indices, counter, ws_out, ws_lse) -> LaunchPlan:
     checks.check_attention_inputs(PATH, q, kv, indices)
     checks.check_workspace(PATH, q, ws_out, ws_lse)
-    cfg = path_config(PATH, q.shape[0], q.shape[1], indices.shape[1])
-    checks.check_counter(PATH, q, counter, cdiv(q.shape[1], cfg["BLOCK_H"]))
-    return cfg
+    plan = plan_trtllm(q.shape[0], q.shape[1], indices.shape[1], ws_out.shape[1])
+    checks.check_counter(PATH, q, counter, plan.head_blocks)
+    return plan
 
 
 @torch.library.custom_op(
@@ -111,11 +126,8 @@ def sparse_mla_trtllm(
         ``out [rows, H, 512]`` in q's dtype and ``lse [rows, H]`` f32 (natural log); a row with
         no valid index gives out 0 and lse −inf.
     """
-    cfg = _check(q, kv, indices, counter, ws_out, ws_lse)
-    out, lse = empty_outputs(q)
-    if q.shape[0]:
-        _launch_trtllm(q, kv, indices, sm_scale, counter, ws_out, ws_lse, out, lse, cfg)
-    return out, lse
+    plan = _check(q, kv, indices, counter, ws_out, ws_lse)
+    return run_trtllm(plan, q, kv, indices, sm_scale, counter, ws_out, ws_lse)
 
 
 @sparse_mla_trtllm.register_fake
