@@ -24,6 +24,7 @@ from ..common.graphs import eager_on_graph
 from ..common.platform import Platform, current_platform
 from ..common.reference import sparse_mla_reference
 from ..common.runner import GraphRunner
+from .host import default_calls, host_cost
 from .workload import H200_BYTES_PER_S, H200_FLOP_PER_S, DecodeWorkload, make_generator
 
 MODES = ("eager", "full", "breakable")
@@ -200,7 +201,7 @@ def run_bench(wl: DecodeWorkload, backend_name: str, modes: tuple[str, ...], ite
     report: dict[str, Any] = {"backend": cls.name, "requested": backend_name, "platform": platform.describe(),
                               "workload": wl.as_dict(), "capabilities": cls.capabilities(platform),
                               "peaks": {"bytes_per_s": peaks[0], "flop_per_s": peaks[1], "source": peaks[2]},
-                              "results": [], "checks": [], "memory": {}}
+                              "results": [], "checks": [], "memory": {}, "host": []}
     for mode in modes:
         bench = ModeBench(mode, backend, wl, kv, platform, sanitize)
         if mode != "eager":
@@ -214,6 +215,9 @@ def run_bench(wl: DecodeWorkload, backend_name: str, modes: tuple[str, ...], ite
         if check:
             for rows in sorted({min(wl.batch_sizes), max(wl.batch_sizes)}):
                 report["checks"].append(bench.check(rows))
+        if mode == "eager":
+            for rows in wl.batch_sizes:
+                report["host"].append(host_cost(backend, wl, kv[0], rows, platform, default_calls(platform)))
         del bench
         gc.collect()  # the runner's progress callback makes a cycle; free its graphs now
         platform.empty_cache()
@@ -241,6 +245,11 @@ def format_report(report: dict[str, Any]) -> str:
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in table]
+    if report.get("host"):
+        lines.append("host cost per attention call (µs; back-to-back calls, GPU not waited on; GPU time: "
+                     "the full-graph us/layer):")
+        lines += [f"  {h['rows']:>4} rows: plan {h['plan_us']:.1f}, forward {h['forward_host_us']:.1f} host / "
+                  f"{h['forward_wall_us']:.1f} with GPU" for h in report["host"]]
     for mode, mem in report["memory"].items():
         pool = mem.get("graph_pool_bytes")
         pool_s = "n/a (emulated graphs)" if pool is None and mode != "eager" else (

@@ -121,7 +121,9 @@ class GrowOnlyBuffer:
         rows = int(rows)
         if rows < 0:
             raise ValueError(f"buffer '{self.name}': rows must be >= 0, got {rows}")
-        capturing = is_capturing()
+        # torch.compile traces shapes, not captures (and cannot trace the platform query);
+        # a graph taken of the compiled code marks the metadata through its runner.
+        capturing = False if torch.compiler.is_compiling() else is_capturing()
         if rows > self.capacity:
             if capturing:
                 raise CaptureCapacityError(self.name, self.capacity, rows)

@@ -1,0 +1,101 @@
+"""Host cost of one attention call: what eager and breakable-graph modes pay on the CPU side.
+
+``host_cost`` times ``calls`` back-to-back ``backend.plan`` calls and then ``backend.forward``
+calls on one planned metadata, without waiting for the GPU in between: with the device busy
+for less time than the host needs per call, the wall time per call is the host cost (the
+launch queue never fills). ``forward_wall_us`` waits for the device at the end, so where it is
+well above ``forward_host_us`` the GPU, not the host, set the pace.
+
+Command line (a markdown table)::
+
+    python -m graphattn.bench.host --backends flashmla,trtllm,flashmla_mega,torch --heads 16,128 --rows 1,8
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+import torch
+
+from ..backends import get_backend_class
+from ..common.platform import Platform, current_platform
+from .workload import DecodeWorkload, make_generator
+
+
+def host_cost(backend, wl: DecodeWorkload, kv: torch.Tensor, rows: int, platform: Platform,
+              calls: int) -> dict[str, Any]:
+    """Host µs per ``plan`` and per ``forward`` of ``backend`` at ``rows`` rows (see module doc)."""
+    md = backend.make_metadata(rows)
+    gen = make_generator(platform.device, wl.seed + 31 + rows)
+    q = wl.make_q(rows, platform.device, gen)[0]
+    idx = wl.make_indices(rows, platform.device, gen)
+    backend.plan(md, idx)
+    for _ in range(min(calls, 10)):  # compile, memoise the plan, warm the allocator
+        backend.forward(q, kv, md)
+    platform.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        backend.plan(md, idx)
+    plan_s = (time.perf_counter() - t0) / calls
+    platform.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        backend.forward(q, kv, md)
+    host_s = (time.perf_counter() - t0) / calls
+    platform.synchronize()
+    wall_s = (time.perf_counter() - t0) / calls
+    return {"backend": backend.name, "heads": backend.num_heads, "rows": rows, "calls": calls,
+            "plan_us": plan_s * 1e6, "forward_host_us": host_s * 1e6, "forward_wall_us": wall_s * 1e6}
+
+
+def default_calls(platform: Platform) -> int:
+    """200 on a GPU; 2 under the Triton interpreter (each call there takes a second or more)."""
+    return 200 if platform.has_gpu else 2
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """A markdown table of :func:`host_cost` results."""
+    lines = ["| backend | heads | rows | plan µs | forward µs (host) | forward µs (with GPU) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['backend']} | {r['heads']} | {r['rows']} | {r['plan_us']:.1f} | "
+              f"{r['forward_host_us']:.1f} | {r['forward_wall_us']:.1f} |" for r in rows]
+    return "\n".join(lines)
+
+
+def _ints(text: str) -> list[int]:
+    values = [int(v) for v in text.split(",") if v]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers like 1,8, got {text!r}")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m graphattn.bench.host", description=__doc__.split("\n")[0])
+    p.add_argument("--backends", default="flashmla,trtllm,flashmla_mega,torch")
+    p.add_argument("--heads", type=_ints, default=[16, 128])
+    p.add_argument("--rows", type=_ints, default=[1, 8])
+    p.add_argument("--topk", type=int, default=None, help="default: the platform's workload top-k")
+    p.add_argument("--calls", type=int, default=None, help="calls per timing (default: 200 on a GPU)")
+    args = p.parse_args(argv)
+    platform = current_platform()
+    base = DecodeWorkload.default_for(platform)
+    calls = args.calls or default_calls(platform)
+    results = []
+    for heads in args.heads:
+        wl = DecodeWorkload(num_heads=heads, topk=args.topk or base.topk, pool_tokens=base.pool_tokens,
+                            batch_sizes=tuple(args.rows), num_layers=1, measure_layers=1, dtype=base.dtype)
+        kv = wl.make_kv(platform.device, make_generator(platform.device, wl.seed))[0]
+        for name in args.backends.split(","):
+            backend = get_backend_class(name)(heads, wl.topk, wl.dtype, platform=platform)
+            for rows in args.rows:
+                results.append(host_cost(backend, wl, kv, rows, platform, calls))
+                print(f"[host] {results[-1]}", file=sys.stderr, flush=True)
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
