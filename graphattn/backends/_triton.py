@@ -103,10 +103,10 @@ class TritonBackend(AttentionBackend):
                 f"{self.name}: q and kv need a contiguous last dim (stride 1), got q strides "
                 f"{q.stride()}, kv strides {kv.stride()}; pass .contiguous()"
             )
-        if kv.device != q.device or metadata.device != q.device:
+        if kv.device != q.device or metadata.indices.tensor.device != q.device:
             raise ValueError(
                 f"{self.name}: q is on {q.device}, kv on {kv.device}, metadata on "
-                f"{metadata.device}; put them on one device"
+                f"{metadata.indices.tensor.device}; put them on one device"
             )
         self.check_metadata(metadata)
 
