@@ -13,9 +13,8 @@ import pytest
 import torch
 
 from graphattn.common import FreedCaptureBufferError, GraphMetadata, GraphSafetyError
-from graphattn.common.emulated import EmulatedGraphSegment
-from graphattn.common.graphs import BreakableGraph
-from graphattn.common.runner import GraphRunner
+from graphattn.graphs import BreakableGraph, GraphRunner
+from graphattn.graphs.emulated import EmulatedGraphSegment
 
 H, PH, D, E, COLS = 3, 4, 16, 8, 4  # heads, padded heads, q dim, out dim, counter columns
 

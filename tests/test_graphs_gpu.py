@@ -14,9 +14,8 @@ import pytest
 import torch
 
 from graphattn.common import FreedCaptureBufferError, GraphMetadata
-from graphattn.common.graphs import BreakableGraph, eager_on_graph
 from graphattn.common.platform import current_platform, reset_platform_cache
-from graphattn.common.runner import GraphRunner, default_buckets
+from graphattn.graphs import BreakableGraph, GraphRunner, default_buckets, eager_on_graph
 
 pytestmark = pytest.mark.gpu
 

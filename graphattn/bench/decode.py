@@ -20,10 +20,10 @@ from typing import Any, Callable
 import torch
 
 from ..backends import add_attn_backend_arg, resolve_backend
-from ..common.graphs import eager_on_graph
 from ..common.platform import Platform, current_platform
 from ..common.reference import sparse_mla_reference
-from ..common.runner import GraphRunner
+from ..common.tolerances import tolerance
+from ..graphs import GraphRunner, eager_on_graph
 from .workload import H200_BYTES_PER_S, H200_FLOP_PER_S, DecodeWorkload, make_generator
 
 MODES = ("eager", "full", "breakable")
@@ -152,8 +152,6 @@ class ModeBench:
 
     def check(self, rows: int) -> dict[str, Any]:
         """Compare the first and last measured layers' output (first rows) with the reference."""
-        from ..testing.specs import tolerance
-
         gen = make_generator(self.platform.device, self.wl.seed + 1000 + rows)
         qs = self.wl.make_q(rows, self.platform.device, gen)
         indices = self._indices(rows, self.wl.seed + 2000 + rows)
