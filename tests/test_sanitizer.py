@@ -77,7 +77,7 @@ def test_host_readback_is_refused_by_the_emulator_but_legal_for_cpu_tensors_on_g
 
 
 class Backend:
-    """Deliberately wrong: ``grow`` rebinds the captured counter (DESIGN.md bug 1)."""
+    """Deliberately wrong: ``grow`` rebinds the captured counter (docs/design.md bug 1)."""
 
     def __init__(self):
         self.multi_cta_counter = torch.zeros(4, 2, dtype=torch.int32)

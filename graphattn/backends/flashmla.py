@@ -5,7 +5,7 @@ FlashMLA's sparse decode kernel processes heads in groups of the platform's
 the query must be padded. The padding lives in the metadata's one grow-only q-pad buffer: each
 call copies the real heads into a row slice of it (the padding heads were zeroed once, at
 allocation) and the graph keeps that address for good -- the fix for the per-bucket
-``q_pad_buffer`` bug described in DESIGN.md.
+``q_pad_buffer`` bug described in docs/design.md.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Each CTA writes its split's partial to the workspace and increments the (row, he
 counter; the last CTA combines and resets the counter to 0. The counter is sized before any
 capture for the metadata's reserved rows (``max(max_bs, max_num_tokens)``) and never replaced:
 an eager call with more rows gets a temporary zeroed counter (the ``TEMPORARY`` overflow policy
-of its GrowOnlyBuffer) -- the fix for the counter-rebinding bug described in DESIGN.md.
+of its GrowOnlyBuffer) -- the fix for the counter-rebinding bug described in docs/design.md.
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ from .workload import H200_BYTES_PER_S, H200_FLOP_PER_S, DecodeWorkload, make_ge
 MODES = ("eager", "full", "breakable")
 CHECK_ROWS = 8  # rows of each sampled output compared with the float64 reference
 WARMUP_S = 0.25  # seconds of untimed steps per point on a GPU
-# (device-name substring, bytes/s, flop/s, source). H200 figures are measured (FACTS.md).
+# (device-name substring, bytes/s, flop/s, source). H200 figures are measured (docs/design.md,
+# "Measured hardware facts").
 _GPU_PEAKS = (
     ("H200", H200_BYTES_PER_S, H200_FLOP_PER_S, "measured on H200: d2d copy 4.2 TB/s, bf16 matmul 790 TFLOP/s"),
     ("H100", 3.35e12, 989e12, "H100 SXM datasheet"),
