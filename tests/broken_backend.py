@@ -1,4 +1,4 @@
-"""Deliberately broken backends: they commit DESIGN.md's two bugs, so the conformance suite
+"""Deliberately broken backends: they commit docs/design.md's two bugs, so the conformance suite
 must fail on them with FreedCaptureBufferError.
 
 * :class:`RebindingCounterBackend` -- the counter-rebinding bug: a zeroed scratch buffer sized in

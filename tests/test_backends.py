@@ -12,7 +12,7 @@ import torch
 
 from graphattn.backends import GraphSupport, builtin_backends, get_backend_class
 from graphattn.common import CapturedBufferGrowthError, current_platform, sparse_mla_reference
-from graphattn.common.runner import GraphRunner
+from graphattn.graphs import GraphRunner
 
 DTYPE = torch.float16  # the Triton interpreter's dtype on the CPU
 DEVICE = current_platform().device  # the backends run there: cpu, or the GPU when there is one

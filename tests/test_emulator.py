@@ -1,4 +1,4 @@
-"""The CPU graph emulator bakes addresses like a real graph and catches the two DESIGN.md bugs.
+"""The CPU graph emulator bakes addresses like a real graph and catches the two docs/design.md bugs.
 
 The "kernels" are plain torch ops (a q-pad copy + matmul, a counter add + reset) so these tests
 do not depend on the Triton kernels. Every test runs on the ``cpu`` emulator and under the HIP
@@ -13,9 +13,8 @@ import pytest
 import torch
 
 from graphattn.common import FreedCaptureBufferError, GraphMetadata, GraphSafetyError
-from graphattn.common.emulated import EmulatedGraphSegment
-from graphattn.common.graphs import BreakableGraph
-from graphattn.common.runner import GraphRunner
+from graphattn.graphs import BreakableGraph, GraphRunner
+from graphattn.graphs.emulated import EmulatedGraphSegment
 
 H, PH, D, E, COLS = 3, 4, 16, 8, 4  # heads, padded heads, q dim, out dim, counter columns
 
@@ -44,7 +43,7 @@ def padded_matmul(q_pad: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 # -- bug 1: the counter rebinding, and its fix ---------------------------------------------
 class RebindingCounterBackend:
-    """DESIGN.md bug 1: an eager call with more rows rebinds the captured counter."""
+    """docs/design.md bug 1: an eager call with more rows rebinds the captured counter."""
 
     def __init__(self, rows: int):
         self.multi_cta_counter = torch.zeros(rows, COLS, dtype=torch.int32)
@@ -74,7 +73,7 @@ class StepMetadata:
 
 
 class ReplacingQPadBackend:
-    """DESIGN.md bug 2: a new zeroed q-pad buffer whenever the row count changes."""
+    """docs/design.md bug 2: a new zeroed q-pad buffer whenever the row count changes."""
 
     def forward(self, q: torch.Tensor, w: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
         rows = q.shape[0]

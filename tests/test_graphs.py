@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from graphattn.common import GraphMetadata, GraphSafetyError, GrowOnlyBuffer, capture_scope
-from graphattn.common.emulated import EmulatedGraphSegment
-from graphattn.common.graphs import BreakableGraph, eager_on_graph
+from graphattn.graphs import BreakableGraph, eager_on_graph
+from graphattn.graphs.emulated import EmulatedGraphSegment
 from graphattn.common.platform import current_platform, reset_platform_cache
 from graphattn.hip.graphs import HipGraphSegment
 

@@ -14,9 +14,8 @@ import pytest
 import torch
 
 from graphattn.common import FreedCaptureBufferError, GraphMetadata
-from graphattn.common.graphs import BreakableGraph, eager_on_graph
 from graphattn.common.platform import current_platform, reset_platform_cache
-from graphattn.common.runner import GraphRunner, default_buckets
+from graphattn.graphs import BreakableGraph, GraphRunner, default_buckets, eager_on_graph
 
 pytestmark = pytest.mark.gpu
 
@@ -138,7 +137,7 @@ def test_breakable_graph_two_breaks_on_real_graphs(platform_name):
 
 
 class RebindingCounterBackend:
-    """DESIGN.md bug 1: rebinds the captured counter when an eager call needs more rows."""
+    """docs/design.md bug 1: rebinds the captured counter when an eager call needs more rows."""
 
     def __init__(self, rows: int):
         self.multi_cta_counter = torch.zeros(rows, COLS, dtype=torch.int32, device="cuda")
@@ -158,7 +157,7 @@ class StepMetadata:
 
 
 def replacing_qpad_forward(q: torch.Tensor, w: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
-    """DESIGN.md bug 2: a new q-pad buffer whenever the row count changes."""
+    """docs/design.md bug 2: a new q-pad buffer whenever the row count changes."""
     if meta.q_pad_buffer is None or meta.q_pad_buffer.shape[0] != q.shape[0]:
         meta.q_pad_buffer = torch.zeros(q.shape[0], PH, D, device="cuda")
     meta.q_pad_buffer[:, :H].copy_(q)

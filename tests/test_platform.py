@@ -2,6 +2,7 @@
 
 import pathlib
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -66,3 +67,75 @@ def test_platform_checks_live_only_in_platform_modules():
         if p not in allowed and re.search(r"torch\.version\.hip|gcnArchName", p.read_text())
     ]
     assert not offenders, f"platform checks outside the platform modules: {offenders}"
+
+
+def _fake_nvidia(monkeypatch, capability, calls=None):
+    """Make torch report an NVIDIA GPU of ``capability`` (no real device is touched)."""
+    def available():
+        if calls is not None:
+            calls.append("is_available")
+        return True
+
+    monkeypatch.setattr(torch.cuda, "is_available", available)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda *a: SimpleNamespace(name="fake NVIDIA GPU", multi_processor_count=108))
+
+
+SHAPES = [(rows, heads, topk)
+          for rows in (1, 2, 8, 64, 512) for heads in (16, 64, 128) for topk in (2048, 8192)]
+
+
+def test_hip_rules_on_sm80_keep_sm80_launch_settings(forced, monkeypatch):
+    """Graph rules and launch table are chosen independently: HIP rules forced on an sm_80 GPU
+    get NVIDIA's table at capability (8, 0), which never picks the sm_90-only wgmma kernel."""
+    _fake_nvidia(monkeypatch, (8, 0))
+    p = forced("hip")
+    assert p.name == "hip" and p.has_gpu and not p.is_native
+    assert p.launch_table.name == "nvidia" and p.launch_table.capability == (8, 0), p.launch_table
+    for rows, heads, topk in SHAPES:
+        cfg = p.kernel_config("flashmla", rows=rows, heads=heads, topk=topk)
+        where = f"[hip rules on sm_80 rows={rows} heads={heads} topk={topk}]"
+        assert cfg.get("kernel") != "wgmma", f"{where} {cfg}"
+
+
+def test_hip_rules_on_sm90_may_pick_wgmma(forced, monkeypatch):
+    """The same check on sm_90 does pick wgmma, so the sm_80 test above is not vacuous."""
+    from graphattn.cuda import configs
+
+    if not configs.gluon_available():
+        pytest.skip("this triton has no Gluon Hopper dialect")
+    _fake_nvidia(monkeypatch, (9, 0))
+    p = forced("hip")
+    kernels = {p.kernel_config("flashmla", rows=r, heads=h, topk=t).get("kernel") for r, h, t in SHAPES}
+    assert "wgmma" in kernels, kernels
+
+
+@pytest.mark.parametrize("name", ["cuda", "hip"])
+def test_device_facts_are_asked_once_per_platform(forced, monkeypatch, name):
+    calls = []
+    _fake_nvidia(monkeypatch, (8, 0), calls)
+    p = forced(name)
+    for _ in range(3):
+        assert p.device.type == "cuda" and p.has_gpu and not p.uses_triton_interpreter
+        assert p.num_compute_units() == 108
+    assert calls == ["is_available"], calls
+    assert plat.current_platform() is p
+    plat.reset_platform_cache()
+    assert plat.current_platform() is not p  # a fresh platform asks again
+
+
+def test_launch_table_follows_hardware_not_rules(forced):
+    """Without a GPU every set of graph rules runs the interpreter's table."""
+    for name in ("cpu", "cuda", "hip"):
+        assert forced(name).launch_table.name == "interpreter"
+
+
+def test_launch_table_override_is_temporary(forced):
+    table = forced("cpu").launch_table
+    base = table.kernel_config("mega")
+    with table.override("mega", num_warps=8):
+        assert table.kernel_config("mega")["num_warps"] == 8
+    assert table.kernel_config("mega") == base

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from graphattn.common import CapturedBufferGrowthError, GraphMetadata
-from graphattn.common.graphs import eager_on_graph
-from graphattn.common.runner import GraphRunner, default_buckets
+from graphattn.graphs import GraphRunner, default_buckets, eager_on_graph
 
 D, K, POOL, MAX_ROWS = 8, 4, 32, 24
 SENTINEL = 12345.0
@@ -101,7 +100,7 @@ def test_capture_is_largest_first_with_progress_and_logs(platform_name, caplog):
     runner, _, meta = make_runner(
         "full", progress=lambda done, total, b, s: seen.append((done, total, b)), log_every=2
     )
-    with caplog.at_level(logging.INFO, logger="graphattn.common.runner"):
+    with caplog.at_level(logging.INFO, logger="graphattn.graphs.runner"):
         runner.capture()
     buckets = default_buckets(MAX_ROWS)
     assert [b for _, _, b in seen] == sorted(buckets, reverse=True)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from graphattn.common import FreedCaptureBufferError, GraphSafetyError, GrowOnlyBuffer
-from graphattn.common.graphs import BreakableGraph, eager_on_graph
-from graphattn.common.sanitizer import (
+from graphattn.graphs import BreakableGraph, eager_on_graph
+from graphattn.graphs.sanitizer import (
     CaptureSanitizer,
     StorageTracker,
     collect_buffer_names,
@@ -62,7 +62,7 @@ def test_freed_and_moved_storages_are_reported_with_op_and_argument():
 
 
 def test_host_readback_is_refused_by_the_emulator_but_legal_for_cpu_tensors_on_gpus():
-    from graphattn.common.emulated import EmulatedGraphSegment
+    from graphattn.graphs.emulated import EmulatedGraphSegment
 
     seg = EmulatedGraphSegment()
     seg.capture_begin()
@@ -77,7 +77,7 @@ def test_host_readback_is_refused_by_the_emulator_but_legal_for_cpu_tensors_on_g
 
 
 class Backend:
-    """Deliberately wrong: ``grow`` rebinds the captured counter (DESIGN.md bug 1)."""
+    """Deliberately wrong: ``grow`` rebinds the captured counter (docs/design.md bug 1)."""
 
     def __init__(self):
         self.multi_cta_counter = torch.zeros(4, 2, dtype=torch.int32)

@@ -20,17 +20,18 @@ from typing import Any, Callable
 import torch
 
 from ..backends import add_attn_backend_arg, resolve_backend
-from ..common.graphs import eager_on_graph
 from ..common.platform import Platform, current_platform
 from ..common.reference import sparse_mla_reference
-from ..common.runner import GraphRunner
+from ..common.tolerances import tolerance
+from ..graphs import GraphRunner, eager_on_graph
 from .host import default_calls, host_cost
 from .workload import H200_BYTES_PER_S, H200_FLOP_PER_S, DecodeWorkload, make_generator
 
 MODES = ("eager", "full", "breakable")
 CHECK_ROWS = 8  # rows of each sampled output compared with the float64 reference
 WARMUP_S = 0.25  # seconds of untimed steps per point on a GPU
-# (device-name substring, bytes/s, flop/s, source). H200 figures are measured (FACTS.md).
+# (device-name substring, bytes/s, flop/s, source). H200 figures are measured (docs/design.md,
+# "Measured hardware facts").
 _GPU_PEAKS = (
     ("H200", H200_BYTES_PER_S, H200_FLOP_PER_S, "measured on H200: d2d copy 4.2 TB/s, bf16 matmul 790 TFLOP/s"),
     ("H100", 3.35e12, 989e12, "H100 SXM datasheet"),
@@ -153,8 +154,6 @@ class ModeBench:
 
     def check(self, rows: int) -> dict[str, Any]:
         """Compare the first and last measured layers' output (first rows) with the reference."""
-        from ..testing.specs import tolerance
-
         gen = make_generator(self.platform.device, self.wl.seed + 1000 + rows)
         qs = self.wl.make_q(rows, self.platform.device, gen)
         indices = self._indices(rows, self.wl.seed + 2000 + rows)

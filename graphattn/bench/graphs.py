@@ -25,10 +25,9 @@ from typing import Any, Callable
 
 import torch
 
-from ..common.graphs import BreakableGraph, eager_on_graph
 from ..common.metadata import GraphMetadata
 from ..common.platform import Platform, current_platform
-from ..common.runner import GraphRunner, default_buckets
+from ..graphs import BreakableGraph, GraphRunner, default_buckets, eager_on_graph
 
 
 def progress(msg: str) -> None:
@@ -95,7 +94,7 @@ def raw_replay(step: Step, q: torch.Tensor, platform: Platform) -> Callable[[], 
         with torch.cuda.graph(graph):
             step(q)
         return graph.replay
-    from ..common.emulated import EmulatedGraphSegment
+    from ..graphs.emulated import EmulatedGraphSegment
 
     seg = EmulatedGraphSegment()
     seg.capture_begin()

@@ -144,14 +144,15 @@ def markdown(results: list[dict[str, Any]]) -> str:
 
 
 def sweep(shapes, candidates: list[dict[str, Any]], paths=("mega", "trtllm")) -> list[dict[str, Any]]:
-    """Time every candidate tile setting (``cuda.configs.override``) per path and shape."""
-    from graphattn.cuda import configs
+    """Time every candidate tile setting (the launch table's ``override``) per path and shape."""
+    from graphattn.common.platform import current_platform
 
+    table = current_platform().launch_table
     results = []
     for heads, rows, topk in shapes:
         for path in paths:
             for cand in candidates:
-                with configs.override(path, **cand):
+                with table.override(path, **cand):
                     try:
                         r = measure(heads, rows, topk, paths=(path,))[0]
                     except Exception as exc:  # a candidate that does not compile is reported

@@ -1,4 +1,12 @@
-"""Platform-neutral core: errors, graph-safe buffers and metadata, platform, reference."""
+"""Platform-neutral core: errors, graph-safe buffers and metadata, capture status, platform,
+reference and tolerances.
+
+``BreakableGraph``, ``eager_on_graph``, ``GraphRunner`` and ``default_buckets`` moved to
+:mod:`graphattn.graphs`; they stay importable from here for one release, resolved lazily so that
+importing ``graphattn.common`` never imports the layer above it.
+"""
+
+from typing import Any
 
 from .buffers import GrowOnlyBuffer, OverflowPolicy
 from .capture import capture_scope, is_capturing
@@ -8,17 +16,15 @@ from .errors import (
     FreedCaptureBufferError,
     GraphSafetyError,
 )
-from .graphs import BreakableGraph, eager_on_graph
 from .metadata import D_QK, D_V, GraphMetadata
 from .platform import Platform, current_platform, reset_platform_cache
 from .reference import sparse_mla_reference
-from .runner import GraphRunner, default_buckets
+from .tolerances import TOLERANCES, Tolerance, tolerance
+
+_MOVED_TO_GRAPHS = ("BreakableGraph", "eager_on_graph", "GraphRunner", "default_buckets")
 
 __all__ = [
-    "BreakableGraph",
-    "eager_on_graph",
-    "GraphRunner",
-    "default_buckets",
+    *_MOVED_TO_GRAPHS,
     "GrowOnlyBuffer",
     "OverflowPolicy",
     "capture_scope",
@@ -34,4 +40,16 @@ __all__ = [
     "current_platform",
     "reset_platform_cache",
     "sparse_mla_reference",
+    "TOLERANCES",
+    "Tolerance",
+    "tolerance",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Deprecated re-exports of graphattn.graphs (an upward import, so only on first use).
+    if name in _MOVED_TO_GRAPHS:
+        from .. import graphs
+
+        return getattr(graphs, name)
+    raise AttributeError(f"module 'graphattn.common' has no attribute {name!r}")

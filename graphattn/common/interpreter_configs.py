@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .platform import LaunchTable
+
 # The split paths load the index tile one iteration ahead (IDX_AHEAD, as on sm_90), mega does
 # not, and flashmla runs the tokens-major products (KV_MAJOR, as sm_90 does at few rows): the
 # interpreter tests cover every form of the KV loop.
@@ -29,3 +31,12 @@ def interpreter_config(path: str, **shape: Any) -> dict[str, Any]:
     if path not in _CONFIGS:
         raise ValueError(f"Unknown kernel path: {path!r}. Valid options are: {', '.join(_CONFIGS)}")
     return dict(_CONFIGS[path])
+
+
+class InterpreterLaunchTable(LaunchTable):
+    """The launch table without a GPU (any graph rules forced onto the CPU use it too)."""
+
+    name = "interpreter"
+
+    def settings(self, path: str, **shape: Any) -> dict[str, Any]:
+        return interpreter_config(path, **shape)

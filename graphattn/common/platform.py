@@ -1,9 +1,16 @@
 """Platform detection: the one place (with ``cuda/`` and ``hip/``) that knows the hardware.
 
-``current_platform()`` resolves once to a :class:`Platform` for ``cpu``, ``cuda`` or ``hip``.
-Set ``GRAPHATTN_PLATFORM`` to force one: ``hip`` on NVIDIA hardware (or on the CPU) exercises
-HIP's graph and metadata rules without AMD hardware. The cuda and hip classes are imported
-lazily by dotted path so that ``common`` imports nothing above it.
+A platform is **(graph rules) x (launch table)**, chosen independently:
+
+* the *graph rules* (the :class:`Platform` subclass: segment class, capture-status query) come
+  from ``GRAPHATTN_PLATFORM`` (``cpu``, ``cuda`` or ``hip``), else from the hardware;
+* the *launch table* (Triton launch settings) always comes from the real hardware: NVIDIA's
+  table at the device's real compute capability, AMD's at its gfx arch, or the interpreter's
+  table without a GPU. So ``hip`` rules forced on an sm_80 GPU keep sm_80's settings.
+
+``current_platform()`` resolves once. The cuda and hip classes, the launch tables and the CPU
+emulator's segment are found by dotted path and imported lazily, so that ``common`` imports
+nothing above it (the import test in ``tests/test_imports.py`` enforces the layering).
 """
 
 from __future__ import annotations
@@ -11,7 +18,9 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-from typing import Any
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
 
 import torch
 
@@ -21,39 +30,157 @@ _PLATFORM_CLASSES = {
     "cuda": "graphattn.cuda.platform.CudaPlatform",
     "hip": "graphattn.hip.platform.HipPlatform",
 }
+# Launch tables by the hardware's vendor ("none": no GPU, the Triton interpreter).
+_LAUNCH_TABLES = {
+    "none": "graphattn.common.interpreter_configs.InterpreterLaunchTable",
+    "nvidia": "graphattn.cuda.launch.NvidiaLaunchTable",
+    "amd": "graphattn.hip.launch.AmdLaunchTable",
+}
+_EMULATED_SEGMENT = "graphattn.graphs.emulated.EmulatedGraphSegment"
+
+
+def load_dotted(path: str) -> Any:
+    """The object named ``package.module.Name``, importing its module now."""
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What the hardware is, asked once per platform object.
+
+    Attributes:
+        vendor: ``"nvidia"``, ``"amd"``, or ``"none"`` without a GPU.
+        name: the device name (``"cpu"`` without a GPU).
+        compute_units: SMs (NVIDIA) or CUs (AMD); CPU cores without a GPU.
+        capability: NVIDIA compute capability ``(major, minor)``; ``None`` elsewhere.
+        gfx_arch: AMD architecture, e.g. ``"gfx942"`` (feature suffixes stripped); ``None`` elsewhere.
+    """
+
+    vendor: str
+    name: str
+    compute_units: int
+    capability: tuple[int, int] | None = None
+    gfx_arch: str | None = None
+
+    @property
+    def has_gpu(self) -> bool:
+        """True when a real GPU is present."""
+        return self.vendor != "none"
+
+
+def detect_device() -> DeviceFacts:
+    """Ask torch about the current device (the only place besides ``cuda/`` and ``hip/``)."""
+    if not torch.cuda.is_available():
+        return DeviceFacts("none", "cpu", os.cpu_count() or 1)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    if getattr(torch.version, "hip", None):
+        return DeviceFacts("amd", props.name, props.multi_processor_count,
+                           gfx_arch=props.gcnArchName.split(":")[0])
+    return DeviceFacts("nvidia", props.name, props.multi_processor_count,
+                       capability=tuple(torch.cuda.get_device_capability()))
+
+
+class LaunchTable:
+    """Triton launch settings for one kind of hardware: ``kernel_config(path, **shape)``.
+
+    Subclasses implement :meth:`settings`; this class adds temporary overrides (the kernel
+    benchmark's ``--sweep``), so callers never reach into a vendor's config module.
+    """
+
+    name: str = "abstract"
+
+    def __init__(self) -> None:
+        self._overrides: dict[str, dict[str, Any]] = {}
+
+    def settings(self, path: str, **shape: Any) -> dict[str, Any]:
+        """The table's own settings for kernel ``path`` at ``rows=, heads=, topk=``."""
+        raise NotImplementedError
+
+    def kernel_config(self, path: str, **shape: Any) -> dict[str, Any]:
+        """:meth:`settings` with any active :meth:`override` applied (a fresh dict)."""
+        return {**self.settings(path, **shape), **self._overrides.get(path, {})}
+
+    @contextmanager
+    def override(self, path: str, **cfg: Any) -> Iterator[None]:
+        """Temporarily replace keys of ``path``'s settings."""
+        old = self._overrides.get(path)
+        self._overrides[path] = {**(old or {}), **cfg}
+        try:
+            yield
+        finally:
+            if old is None:
+                self._overrides.pop(path, None)
+            else:
+                self._overrides[path] = old
+
+    def describe(self) -> dict[str, Any]:
+        """The table's identity for logs and ``graphattn list``."""
+        return {"launch_table": self.name}
+
+
+def select_launch_table(facts: DeviceFacts, has_gpu: bool) -> LaunchTable:
+    """The launch table of the real hardware (the interpreter's when kernels are interpreted)."""
+    if not has_gpu:
+        return load_dotted(_LAUNCH_TABLES["none"])()
+    if facts.vendor == "amd":
+        return load_dotted(_LAUNCH_TABLES["amd"])(arch=facts.gfx_arch)
+    return load_dotted(_LAUNCH_TABLES["nvidia"])(capability=facts.capability)
 
 
 class Platform:
     """What the rest of graphattn may ask about the hardware.
 
+    Args:
+        facts: the device (default: :func:`detect_device`, asked on first use).
+        launch_table: the Triton launch settings (default: :func:`select_launch_table`).
+
     Attributes:
-        name: ``"cpu"``, ``"cuda"`` or ``"hip"``.
+        name: ``"cpu"``, ``"cuda"`` or ``"hip"`` (the graph rules).
         head_pad_multiple: head count a padded (flashmla-style) kernel needs a multiple of.
+
+    Device facts are computed once per object (kernels ask on every launch);
+    ``reset_platform_cache()`` gives a fresh object.
     """
 
     name: str = "abstract"
     head_pad_multiple: int = 64
 
-    @property
+    def __init__(self, facts: DeviceFacts | None = None, launch_table: LaunchTable | None = None):
+        self._facts, self._launch_table = facts, launch_table
+
+    @functools.cached_property
+    def facts(self) -> DeviceFacts:
+        """The hardware this process runs on."""
+        return self._facts or detect_device()
+
+    @functools.cached_property
     def device(self) -> torch.device:
         """The torch device tensors live on (``cuda`` for both NVIDIA and AMD GPUs)."""
-        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        return torch.device("cuda") if self.facts.has_gpu else torch.device("cpu")
 
-    @property
+    @functools.cached_property
     def has_gpu(self) -> bool:
         """True when a real GPU is present (kernels compile; graphs are real graphs)."""
         return self.device.type == "cuda"
 
-    @property
+    @functools.cached_property
     def uses_triton_interpreter(self) -> bool:
         """True when Triton kernels must run under ``TRITON_INTERPRET=1`` (no GPU)."""
         return not self.has_gpu
 
+    @functools.cached_property
+    def launch_table(self) -> LaunchTable:
+        """Triton launch settings of the real hardware (independent of the graph rules)."""
+        return self._launch_table or select_launch_table(self.facts, self.has_gpu)
+
+    @functools.cached_property
+    def _compute_units(self) -> int:
+        return self.facts.compute_units if self.has_gpu else os.cpu_count() or 1
+
     def num_compute_units(self) -> int:
         """Streaming multiprocessors (NVIDIA) or compute units (AMD); CPU cores on the CPU."""
-        if self.has_gpu:
-            return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-        return os.cpu_count() or 1
+        return self._compute_units
 
     def is_stream_capturing(self) -> bool:
         """Whether the current stream is in a real graph capture (torch's own query)."""
@@ -75,7 +202,7 @@ class Platform:
 
     def kernel_config(self, path: str, **shape: Any) -> dict[str, Any]:
         """Triton launch settings for kernel ``path`` at the given problem shape."""
-        raise NotImplementedError
+        return self.launch_table.kernel_config(path, **shape)
 
     def describe(self) -> dict[str, Any]:
         """Device facts for logs and ``graphattn list``."""
@@ -84,10 +211,16 @@ class Platform:
             "device": str(self.device),
             "compute_units": self.num_compute_units(),
             "head_pad_multiple": self.head_pad_multiple,
+            **self.launch_table.describe(),
         }
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.device})"
+
+
+def emulated_segment_class() -> type:
+    """The CPU graph emulator's segment class (``graphattn.graphs.emulated``), imported lazily."""
+    return load_dotted(_EMULATED_SEGMENT)
 
 
 class CpuPlatform(Platform):
@@ -95,20 +228,12 @@ class CpuPlatform(Platform):
 
     name = "cpu"
 
-    @property
+    @functools.cached_property
     def device(self) -> torch.device:
         return torch.device("cpu")
 
     def graph_segment_class(self) -> type:
-        from .emulated import EmulatedGraphSegment
-
-        return EmulatedGraphSegment
-
-    def kernel_config(self, path: str, **shape: Any) -> dict[str, Any]:
-        # The interpreter runs one program at a time in numpy: small tiles, few splits.
-        from .interpreter_configs import interpreter_config
-
-        return interpreter_config(path, **shape)
+        return emulated_segment_class()
 
 
 def _resolve(name: str) -> Platform:
@@ -117,8 +242,7 @@ def _resolve(name: str) -> Platform:
             f"{PLATFORM_ENV}={name!r} is not a platform; expected one of "
             f"{sorted(_PLATFORM_CLASSES)} (or leave it unset to detect the hardware)"
         )
-    module, _, cls = _PLATFORM_CLASSES[name].rpartition(".")
-    return getattr(importlib.import_module(module), cls)()
+    return load_dotted(_PLATFORM_CLASSES[name])()
 
 
 def detect_platform_name() -> str:

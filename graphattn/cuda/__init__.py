@@ -1,1 +1,1 @@
-"""NVIDIA platform: device facts, the CUDA graph segment, and Triton launch settings."""
+"""NVIDIA: CUDA graph rules (CudaPlatform, CudaGraphSegment) and the sm_90-tuned launch table."""

@@ -8,10 +8,9 @@ settings in :func:`all_configs`, which the ahead-of-time test compiles for sm_90
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.util
-from typing import Any, Iterator
+from typing import Any
 
 SM90_SMS = 132
 # Split-KV: small batches need many programs to fill the 132 SMs. flashmla's separate combine
@@ -96,7 +95,6 @@ _COMBINE = {"num_warps": 4, "num_stages": 1}
 # "flashmla_triton": flashmla's heads-major Triton tiles only, for inputs that are not 16-byte
 # aligned (neither the wgmma kernel nor the tokens-major tile can take them).
 _PATHS = ("flashmla", "flashmla_triton", "trtllm", "mega", "flashmla_combine")
-_OVERRIDES: dict[str, dict[str, Any]] = {}
 
 
 def _tiles(heads: int) -> dict[str, Any]:
@@ -125,7 +123,6 @@ def kernel_config(path: str, rows: int = 1, heads: int = 64, topk: int = 2048,
         else:
             tiles = _tiles(heads)
         cfg = {**tiles, **_split_host(path, heads, rows, tiles)}
-    cfg.update(_OVERRIDES.get(path, {}))
     return cfg
 
 
@@ -139,17 +136,3 @@ def all_configs(path: str) -> list[dict[str, Any]]:
         return tiles
     wgmma = [dict(_WGMMA_TILE)] if path == "flashmla" and gluon_available() else []
     return tiles + [dict(_KV_MAJOR_TILE)] + wgmma
-
-
-@contextlib.contextmanager
-def override(path: str, **cfg: Any) -> Iterator[None]:
-    """Temporarily replace keys of ``path``'s config (the benchmark's ``--sweep`` uses it)."""
-    old = _OVERRIDES.get(path)
-    _OVERRIDES[path] = {**(old or {}), **cfg}
-    try:
-        yield
-    finally:
-        if old is None:
-            _OVERRIDES.pop(path, None)
-        else:
-            _OVERRIDES[path] = old

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 
-from ..common.graphs import StreamGraphSegment
+from ..graphs.segments import StreamGraphSegment
 
 
 class CudaGraphSegment(StreamGraphSegment):
@@ -13,7 +13,7 @@ class CudaGraphSegment(StreamGraphSegment):
     Args:
         pool: handle from ``torch.cuda.graph_pool_handle()`` (or another segment's ``.pool``);
             a new pool when ``None``.
-        tracker: a :class:`~graphattn.common.sanitizer.StorageTracker` to record borrowed
+        tracker: a :class:`~graphattn.graphs.sanitizer.StorageTracker` to record borrowed
             storages into (sanitizer on), or ``None``.
 
     ``capture_begin()`` makes the side stream wait for the caller's stream, enters it and

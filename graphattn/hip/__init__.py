@@ -1,1 +1,1 @@
-"""AMD platform: gfx architecture and CU count, the HIP graph segment, CDNA launch settings."""
+"""AMD: HIP graph rules (HipPlatform, HipGraphSegment) and the CDNA launch table per gfx arch."""

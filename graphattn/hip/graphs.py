@@ -10,7 +10,7 @@ HIP rules (what ROCm needs, applied everywhere the ``hip`` platform is forced):
 * no CUDA-only graph features (no conditional nodes, debug dumps, or capture error modes).
 
 On a GPU (AMD, or NVIDIA with ``GRAPHATTN_PLATFORM=hip``) the segment is a real graph; on the
-CPU the rules are layered over :class:`~graphattn.common.emulated.EmulatedGraphSegment`, so
+CPU the rules are layered over :class:`~graphattn.graphs.emulated.EmulatedGraphSegment`, so
 the same tests run without a GPU.
 """
 
@@ -20,11 +20,11 @@ from contextlib import ExitStack
 from typing import Any
 
 from ..common.capture import is_capturing
-from ..common.emulated import EmulatedGraphSegment
 from ..common.errors import GraphSafetyError
-from ..common.graphs import StreamGraphSegment
 from ..common.platform import current_platform
-from ..common.sanitizer import StorageTracker
+from ..graphs.emulated import EmulatedGraphSegment
+from ..graphs.sanitizer import StorageTracker
+from ..graphs.segments import StreamGraphSegment
 
 
 class _HipStreamSegment(StreamGraphSegment):

@@ -19,45 +19,19 @@ that no captured buffer moved. Every failure message starts with the backend nam
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
 
 import torch
 
 from ..backends.base import AttentionBackend, GraphSupport
-from ..common.metadata import D_QK, GraphMetadata
+from ..common.metadata import D_QK
 from ..common.platform import Platform, current_platform
-from ..common.reference import sparse_mla_reference
-from .specs import MODES, Q_STD, BatchSpec, SuiteShape, make_indices, tolerance
+from .case import CaseContext, assert_matches_reference, check_counter_clean
+from .graph_checks import run_graph_case
+from .specs import MODES, BatchSpec, SuiteShape
 
-SENTINEL = 0xA5  # byte value victims are filled with
-
-
-@dataclass
-class CaseContext:
-    """Everything one case needs: the backend instance, spec, shapes, data generator."""
-
-    backend: AttentionBackend
-    spec: BatchSpec
-    shape: SuiteShape
-    mode: str
-    platform: Platform
-    generator: torch.Generator
-
-    @property
-    def label(self) -> str:
-        """``backend 'NAME' [spec/mode]``: the prefix of every failure message."""
-        return f"backend '{self.backend.name}' [{self.spec.name}/{self.mode}, {self.backend.dtype}]"
-
-    def randn(self, *shape: int, std: float = 1.0) -> torch.Tensor:
-        t = torch.randn(*shape, generator=self.generator, dtype=torch.float32) * std
-        return t.to(self.backend.dtype).to(self.platform.device)
-
-    def query(self, rows: int) -> torch.Tensor:
-        """``q [rows, num_heads, 576]`` at the suite's logit scale (:data:`specs.Q_STD`)."""
-        return self.randn(rows, self.spec.num_heads, D_QK, std=Q_STD)
-
-    def indices(self, rows: int) -> torch.Tensor:
-        return make_indices(self.spec, rows, self.shape.pool_tokens, self.generator, self.platform.device)
+# Re-exported: these lived here before graph_checks and checks shared them through .case.
+__all__ = ["CaseContext", "assert_matches_reference", "check_case", "check_counter_clean", "pick_dtype",
+           "skip_reason"]
 
 
 def pick_dtype(cls: type[AttentionBackend], platform: Platform, requested: torch.dtype | None) -> torch.dtype:
@@ -114,8 +88,6 @@ def check_case(
         if mode == "eager":
             _run_eager(ctx)
         else:
-            from .graph_checks import run_graph_case
-
             run_graph_case(ctx, sanitize=sanitize)
     except Exception as exc:
         if hasattr(exc, "add_note") and not isinstance(exc, AssertionError):
@@ -134,36 +106,3 @@ def _run_eager(ctx: CaseContext) -> None:
         out, lse = backend.forward(q, kv, metadata)
         assert_matches_reference(ctx, step, q, kv, indices, out, lse)
         check_counter_clean(ctx, metadata, step)
-
-
-def assert_matches_reference(ctx: CaseContext, step: int, q, kv, indices, out, lse) -> None:
-    """Compare ``out``/``lse`` with the float64 reference at the dtype's tolerance."""
-    rows, heads = q.shape[0], q.shape[1]
-    where = f"{ctx.label} step {step} ({rows} rows)"
-    expected_out = (rows, heads, kv.shape[1] - (D_QK - 512))
-    assert tuple(out.shape) == expected_out and out.dtype == q.dtype, (
-        f"{where}: expected out {expected_out} {q.dtype}, got {tuple(out.shape)} {out.dtype}"
-    )
-    assert tuple(lse.shape) == (rows, heads) and lse.dtype == torch.float32, (
-        f"{where}: expected lse {(rows, heads)} float32, got {tuple(lse.shape)} {lse.dtype}"
-    )
-    ref_out, ref_lse = sparse_mla_reference(q, kv, indices, ctx.backend.sm_scale)
-    tol = tolerance(q.dtype)
-    checks = (("out", out, ref_out, tol.atol, tol.rtol), ("lse", lse, ref_lse, tol.lse_atol, tol.lse_rtol))
-    for name, got, ref, atol, rtol in checks:
-        torch.testing.assert_close(
-            got.double(), ref, atol=atol, rtol=rtol,
-            msg=lambda m, name=name, atol=atol, rtol=rtol: f"{where}: {name} differs from the "
-            f"float64 reference (dtype {tol.dtype}, atol {atol}, rtol {rtol}):\n{m}",
-        )
-
-
-def check_counter_clean(ctx: CaseContext, metadata: GraphMetadata, step: int) -> None:
-    """The multi-CTA counter must be all zeros between launches (the kernel resets it)."""
-    if metadata.counter is None:
-        return
-    nonzero = int((metadata.counter.tensor != 0).sum())
-    assert nonzero == 0, (
-        f"{ctx.label} step {step}: {nonzero} multi-CTA counters are not 0 after the launch; the "
-        f"kernel must reset every counter it increments, or the next replay miscounts arrivals"
-    )

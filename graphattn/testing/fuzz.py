@@ -26,7 +26,8 @@ from ..backends.registry import get_backend_class
 from ..common.metadata import D_QK
 from ..common.platform import current_platform
 from ..common.reference import sparse_mla_reference
-from .specs import Q_STD, tolerance
+from ..common.tolerances import tolerance
+from .specs import Q_STD
 
 Q_LAYOUTS = ("contiguous", "head_slice", "offset")
 KV_LAYOUTS = ("contiguous", "row_stride", "offset")

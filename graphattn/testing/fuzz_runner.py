@@ -62,7 +62,16 @@ class _Worker:
             line = self.answers.get(timeout=timeout)
         except queue.Empty:
             return None
-        return json.loads(line) if line else None
+        if line is None:
+            # The pipe closed because the worker is dying; reap it, so that the caller reads its
+            # exit code (not "timed out") and all of its stderr. Under load the exit status can
+            # lag the end of the pipe.
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            return None
+        return json.loads(line)
 
     def stderr_tail(self, chars: int = 1500) -> str:
         self.stderr.flush()

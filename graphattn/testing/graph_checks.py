@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from ..common.graphs import eager_on_graph
 from ..common.metadata import D_QK, GraphMetadata
-from ..common.runner import GraphRunner
-from .checks import SENTINEL, CaseContext, assert_matches_reference, check_counter_clean
+from ..graphs import GraphRunner, eager_on_graph
+from .case import SENTINEL, CaseContext, assert_matches_reference, check_counter_clean
 
 
 def run_graph_case(ctx: CaseContext, sanitize: bool = True) -> None:

@@ -1,4 +1,5 @@
-"""Named batch specs, suite shapes and dtype tolerances of the conformance suite.
+"""Named batch specs and suite shapes of the conformance suite (and its dtype tolerances, from
+:mod:`graphattn.common.tolerances`).
 
 A :class:`BatchSpec` is one scenario: a head count, a top-k, the index pattern, and the row
 counts of successive steps. In graph modes the steps are replayed in order, so ``(4, 1, 3)``
@@ -13,6 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+# The tolerances moved to graphattn.common.tolerances (bench shares them); re-exported here.
+from ..common.tolerances import TOLERANCES, Tolerance, tolerance  # noqa: F401
 
 MODES = ("eager", "full", "breakable")
 
@@ -109,38 +113,9 @@ def default_shape_name(has_gpu: bool) -> str:
     return "real" if has_gpu else "small"
 
 
-@dataclass(frozen=True)
-class Tolerance:
-    """``(dtype, atol, rtol)`` for ``out`` against the float64 reference, and the ``lse`` pair.
-
-    ``lse`` is float32 from exact products of the rounded inputs, so it is held much tighter.
-    """
-
-    dtype: torch.dtype
-    atol: float
-    rtol: float
-    lse_atol: float
-    lse_rtol: float
-
-
-# Inputs are rounded to the dtype before the reference sees them, so the error left is the
-# kernel's: probabilities rounded to the dtype for the PV product, and the output rounding
-# (measured: about one ulp of the output, e.g. 1.6e-2 at |out| = 2..4 in bf16).
-TOLERANCES = {
-    torch.float32: Tolerance(torch.float32, 1e-4, 1e-4, 1e-4, 1e-5),
-    torch.float16: Tolerance(torch.float16, 2e-3, 2e-3, 1e-3, 1e-4),
-    torch.bfloat16: Tolerance(torch.bfloat16, 1e-2, 1.6e-2, 1e-3, 1e-4),
-}
 # Query scale: logits of std ~3 (peaked, like trained attention) keep |out| around 0.1..2 even
 # at top-k 2048, so a zero or mis-indexed output cannot hide under atol.
 Q_STD = 3.0
-
-
-def tolerance(dtype: torch.dtype) -> Tolerance:
-    """The tolerance for ``dtype`` (``KeyError`` naming the known dtypes otherwise)."""
-    if dtype not in TOLERANCES:
-        raise KeyError(f"no conformance tolerance for {dtype}; known: {list(TOLERANCES)}")
-    return TOLERANCES[dtype]
 
 
 def make_indices(

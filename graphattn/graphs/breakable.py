@@ -1,0 +1,261 @@
+"""BreakableGraph: a function captured as graph segments separated by eager breaks.
+
+Segments follow the protocol in :mod:`graphattn.graphs.segments`; the platform picks their
+class (``current_platform().graph_segment_class()``).
+
+A :class:`BreakableGraph` captures a function as segments separated by *breaks*. Calling a
+function decorated with :func:`eager_on_graph` during the capture ends the current segment, runs
+that function eagerly, and starts the next segment. Its output is held strongly; every replay
+re-runs it with the recorded arguments and copies its result into that held output, the address
+later segments captured. A full graph is a BreakableGraph with no breaks.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import logging
+import threading
+from typing import Any, Callable, Iterable
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from ..common.buffers import GrowOnlyBuffer
+from ..common.platform import Platform, current_platform
+from .sanitizer import (
+    StorageTracker,
+    collect_buffer_names,
+    named_roots,
+    sanitize_enabled,
+    walk_objects,
+)
+
+log = logging.getLogger(__name__)
+_active = threading.local()  # the BreakableGraph capturing on this thread, if any
+
+
+def eager_on_graph(fn: Callable) -> Callable:
+    """Mark ``fn`` as a graph break: during a BreakableGraph capture it runs eagerly between
+    two segments (and again on every replay); anywhere else it is just called.
+
+    ``fn`` must return tensors (or nested tuples/lists/dicts of them, or None) whose shapes do
+    not change between capture and replay; later segments read those tensors' addresses.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        graph = getattr(_active, "graph", None)
+        if graph is None or not graph.breaks:
+            return fn(*args, **kwargs)
+        return graph._run_break(fn, args, kwargs)
+
+    wrapper.eager_on_graph = True
+    return wrapper
+
+
+class _Break:
+    """A recorded break: the eager function, its arguments (held strongly), its output."""
+
+    def __init__(self, fn: Callable, args: tuple, kwargs: dict, out: Any):
+        self.fn, self.args, self.kwargs, self.out = fn, args, kwargs, out
+
+    def run(self) -> None:
+        """Re-run the function and copy its result into the output later segments read."""
+        new, _ = tree_flatten(self.fn(*self.args, **self.kwargs))
+        held, _ = tree_flatten(self.out)
+        name = getattr(self.fn, "__qualname__", repr(self.fn))
+        if len(new) != len(held):
+            raise RuntimeError(f"break '{name}' returned {len(new)} values, captured {len(held)}")
+        for n, h in zip(new, held):
+            if isinstance(h, torch.Tensor):
+                if not isinstance(n, torch.Tensor) or n.shape != h.shape:
+                    raise RuntimeError(
+                        f"break '{name}' must return the captured shape {tuple(h.shape)} on "
+                        f"replay, got {getattr(n, 'shape', type(n).__name__)}"
+                    )
+                if n.data_ptr() != h.data_ptr():
+                    h.copy_(n)
+            elif n != h:
+                raise RuntimeError(
+                    f"break '{name}' returned {n!r} on replay but {h!r} at capture; non-tensor "
+                    f"outputs are baked into the graph"
+                )
+
+
+class BreakableGraph:
+    """A function captured as graph segments separated by :func:`eager_on_graph` breaks.
+
+    Args:
+        platform: whose segment class to use (default: ``current_platform()``).
+        sanitize: check borrowed storages before every replay (default: ``GRAPHATTN_SANITIZE``);
+            on the CPU emulator the check always runs, since the emulator must revive them.
+        pool: a pool handle to share with other graphs (default: the first segment's own).
+        breaks: False captures ``eager_on_graph`` functions inline (a full graph).
+        name_roots: extra ``(label, object)`` pairs to name buffers in errors (e.g. metadata).
+
+    ``capture(fn, *args, **kwargs)`` runs ``fn`` once under capture and returns its outputs;
+    ``replay()`` replays every segment and break in order and returns the same output objects,
+    overwritten in place.
+    """
+
+    def __init__(
+        self,
+        platform: Platform | None = None,
+        sanitize: bool | None = None,
+        pool: Any = None,
+        breaks: bool = True,
+        name_roots: Iterable[tuple[str, Any]] = (),
+    ):
+        self.platform = platform or current_platform()
+        self.segment_class = self.platform.graph_segment_class()
+        self.sanitize = sanitize_enabled(sanitize)
+        self.emulated = bool(getattr(self.segment_class, "emulated", False)) or not self.platform.has_gpu
+        self.pool = pool
+        self.breaks = breaks
+        self.name_roots = list(name_roots)
+        self.tracker = StorageTracker()
+        self.segments: list[Any] = []
+        self._breaks: list[_Break] = []
+        self._capturing: Any = None  # the segment being captured
+        self.out: Any = None
+        self.captured = False
+
+    @property
+    def num_segments(self) -> int:
+        """Captured segments (breaks + 1)."""
+        return len(self.segments)
+
+    @property
+    def num_breaks(self) -> int:
+        """Eager breaks between segments."""
+        return len(self._breaks)
+
+    @property
+    def tracking(self) -> bool:
+        """True when captures record borrowed storages (sanitizer on, or the emulator)."""
+        return self.sanitize or self.emulated
+
+    # -- capture ------------------------------------------------------------------------
+    def warmup(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn`` eagerly on the stream captures use (HIP: hipBLASLt handles are per stream)."""
+        with self.segment_class.warmup_scope():
+            out = fn(*args, **kwargs)
+        return out
+
+    def capture(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Capture ``fn(*args, **kwargs)`` once; returns its outputs (replays overwrite them)."""
+        if self.captured:
+            raise RuntimeError("this BreakableGraph is already captured; make a new one")
+        if getattr(_active, "graph", None) is not None:
+            raise RuntimeError("nested BreakableGraph capture on one thread is not supported")
+        roots = named_roots(fn, args, kwargs, self.name_roots)
+        names = collect_buffer_names(roots)
+        _active.graph = self
+        # No garbage collection while capturing: a collection runs the finalizers of whatever
+        # earlier objects it frees (graphs, their pools, tensors) in the middle of the capture.
+        # On the H200 the full test suite's conformance capture failed with
+        # cudaErrorStreamCaptureInvalidated after other tests had run (twice in two runs of
+        # that order) and passed in the one run with the collector off; torch.cuda.graph
+        # likewise collects garbage before it captures.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self._begin_segment()
+            try:
+                self.out = fn(*args, **kwargs)
+            except BaseException:
+                self._abort_segment()
+                raise
+            self._end_segment()
+        finally:
+            _active.graph = None
+            if gc_was_enabled:
+                gc.enable()
+        names.update({k: v for k, v in collect_buffer_names(roots).items() if k not in names})
+        self.tracker.assign_names(names)
+        self.tracker.end_capture()
+        self._mark_used_buffers(roots)
+        self.captured = True
+        log.debug("captured %d segment(s), %d break(s)", self.num_segments, self.num_breaks)
+        return self.out
+
+    def _begin_segment(self) -> None:
+        seg = self.segment_class(pool=self.pool, tracker=self.tracker if self.tracking else None)
+        seg.capture_begin()
+        self.pool = seg.pool if self.pool is None else self.pool
+        self.segments.append(seg)
+        self._capturing = seg
+
+    def _end_segment(self) -> None:
+        seg, self._capturing = self._capturing, None
+        if seg is not None:
+            seg.capture_end()
+
+    def _abort_segment(self) -> None:
+        """End a capture that raised; a second error from ending it must not hide the first."""
+        try:
+            self._end_segment()
+        except Exception as exc:  # the device may refuse to end an invalidated capture
+            log.debug("ending the failed capture also raised: %s", exc)
+
+    def _run_break(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
+        """Called by an ``eager_on_graph`` function during capture."""
+        self._end_segment()
+        _active.graph = None  # breaks called inside a break just run
+        try:
+            out = fn(*args, **kwargs)
+        finally:
+            _active.graph = self
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.tracker.add_pool(t.untyped_storage())  # the graph owns it (held below)
+        self._breaks.append(_Break(fn, args, kwargs, out))
+        self._begin_segment()
+        return out
+
+    def _mark_used_buffers(self, roots: list[tuple[str, Any]]) -> None:
+        """Pin every grow-only buffer reachable from the capture whose storage a captured op
+        touched, and every holder of such buffers (``GrowOnlyBuffer.view`` during capture
+        already marks itself)."""
+        if not self.tracking:
+            return
+        touched = self.tracker.borrowed_cdata()
+        for _, obj in walk_objects(roots):
+            bufs = _capture_buffers(obj)
+            if bufs and any(b.tensor.untyped_storage()._cdata in touched for b in bufs):
+                obj.mark_captured()
+
+    # -- replay -------------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise :class:`FreedCaptureBufferError` if a borrowed storage was freed or moved."""
+        if self.tracking:
+            self.tracker.check()
+
+    def replay(self) -> Any:
+        """Check (when tracking), then replay every segment and break in order."""
+        if not self.captured:
+            raise RuntimeError("replay() before capture()")
+        self.check()
+        for i, seg in enumerate(self.segments):
+            seg.replay()
+            if i < len(self._breaks):
+                self._breaks[i].run()
+        return self.out
+
+    def held_storages(self) -> list[Any]:
+        """The borrowed storages the captured segments touch (``BorrowedStorage`` records)."""
+        return self.tracker.borrowed()
+
+
+def _capture_buffers(obj: Any) -> list[GrowOnlyBuffer]:
+    """The grow-only buffers ``obj`` holds: itself, or those an attention metadata object
+    returns from ``buffers()``; duck-typed (``buffers()`` + ``mark_captured()``) so that the
+    graph layer knows no attention class."""
+    if isinstance(obj, GrowOnlyBuffer):
+        return [obj]
+    buffers, mark = getattr(obj, "buffers", None), getattr(obj, "mark_captured", None)
+    # A class has both as plain functions; only its instances hold buffers.
+    if not (callable(buffers) and callable(mark)) or isinstance(obj, type):
+        return []
+    return [b for b in buffers() if isinstance(b, GrowOnlyBuffer)]

@@ -1,0 +1,211 @@
+"""GraphRunner: capture a step function for a list of batch-size buckets and replay it.
+
+Like a serving engine's graph runner (nano-vllm's ``capture_cudagraph``): static input tensors
+are sized for the largest bucket; buckets are captured **largest first** into one shared pool;
+a replay picks the smallest bucket that fits the live rows, copies the live inputs into
+``[:rows]``, fills ``[rows:bucket]`` with inert pad values (indices −1), replays and returns
+``out[:rows]``. Rows above the largest bucket run the function eagerly.
+
+The runner owns graphs, not buffers: buffers the function uses live in a
+:class:`~graphattn.common.metadata.GraphMetadata` (one per runner) that the first capture marks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+import torch
+from torch.utils._pytree import tree_map
+
+from ..common.platform import Platform, current_platform
+from .breakable import BreakableGraph
+from .sanitizer import sanitize_enabled
+
+log = logging.getLogger(__name__)
+
+MODES = ("full", "breakable")
+
+
+class CapturedState(Protocol):
+    """What the runner needs of its metadata (e.g. :class:`~graphattn.common.metadata.GraphMetadata`):
+    a way to pin its buffers once a graph holds them. The graph layer knows no attention class."""
+
+    def mark_captured(self) -> None:
+        """Pin every buffer: growth after this raises instead of freeing captured memory."""
+        ...
+
+
+def default_buckets(max_rows: int) -> list[int]:
+    """Serving-engine style buckets: 1, 2, 4, 8, then every 8 up to ``max_rows`` (included)."""
+    if max_rows < 1:
+        raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+    buckets = [b for b in (1, 2, 4, 8) if b <= max_rows]
+    buckets += list(range(16, max_rows + 1, 8))
+    if buckets[-1] != max_rows:
+        buckets.append(max_rows)
+    return buckets
+
+
+class GraphRunner:
+    """Captures ``fn`` once per bucket and replays the smallest bucket that fits.
+
+    Args:
+        fn: ``fn(**inputs)`` where each input is ``static_inputs[name][:bucket]``; returns a
+            tensor or a (nested) tuple of tensors with dim 0 = bucket.
+        static_inputs: ``{name: tensor [max_rows, ...]}`` persistent inputs (all with the same
+            dim 0); the runner owns their contents.
+        pad_values: ``{name: value}`` written into padding rows ``[rows:bucket]`` (e.g. −1 for
+            indices so padded rows attend to nothing). Missing names pad with 0.
+        metadata: the runner's one metadata object (any :class:`CapturedState`, usually a
+            ``GraphMetadata``); marked captured by the first capture.
+        buckets: bucket sizes; default :func:`default_buckets` of ``max_rows``.
+        mode: ``"full"`` (one graph per bucket, ``eager_on_graph`` captured inline) or
+            ``"breakable"`` (``eager_on_graph`` functions become breaks).
+        sanitize: check borrowed storages before each replay (default: ``GRAPHATTN_SANITIZE``).
+        platform: default ``current_platform()``.
+        progress: optional ``progress(done, total, bucket, seconds)`` called after each capture.
+        log_every: log a progress line every this many captured buckets.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        static_inputs: Mapping[str, torch.Tensor],
+        pad_values: Mapping[str, float] | None = None,
+        metadata: CapturedState | None = None,
+        buckets: Sequence[int] | None = None,
+        mode: str = "full",
+        sanitize: bool | None = None,
+        platform: Platform | None = None,
+        progress: Callable[[int, int, int, float], None] | None = None,
+        log_every: int = 8,
+    ):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if not static_inputs:
+            raise ValueError("static_inputs is empty: the runner needs at least one input")
+        sizes = {name: t.shape[0] for name, t in static_inputs.items()}
+        if len(set(sizes.values())) != 1:
+            raise ValueError(f"static inputs must share dim 0 (max rows); got {sizes}")
+        self.max_rows = next(iter(sizes.values()))
+        self.fn, self.static = fn, dict(static_inputs)
+        self.pad_values = {name: 0 for name in self.static} | dict(pad_values or {})
+        unknown = set(self.pad_values) - set(self.static)
+        if unknown:
+            raise ValueError(f"pad_values names {sorted(unknown)} are not static inputs {sorted(self.static)}")
+        self.metadata, self.mode = metadata, mode
+        self.buckets = sorted(set(int(b) for b in (buckets or default_buckets(self.max_rows))))
+        if self.buckets[0] < 1 or self.buckets[-1] > self.max_rows:
+            raise ValueError(
+                f"buckets must lie in [1, {self.max_rows}] (the static inputs' rows); got {self.buckets}"
+            )
+        self.sanitize = sanitize_enabled(sanitize)
+        self.platform = platform or current_platform()
+        self.progress, self.log_every = progress, max(1, int(log_every))
+        self.graphs: dict[int, BreakableGraph] = {}
+        self.pool: Any = None
+
+    # -- capture ------------------------------------------------------------------------
+    def _inputs(self, rows: int) -> dict[str, torch.Tensor]:
+        return {name: t[:rows] for name, t in self.static.items()}
+
+    def _pad(self, start: int, stop: int) -> None:
+        for name, t in self.static.items():
+            if stop > start:
+                t[start:stop].fill_(self.pad_values[name])
+
+    def capture(self) -> None:
+        """Capture every bucket, largest first, into one pool; mark the metadata after the first.
+
+        Static inputs are filled with pad values first, so captures run on inert rows.
+        """
+        if self.graphs:
+            raise RuntimeError("GraphRunner.capture() was already called")
+        self._pad(0, self.max_rows)
+        total, t_all = len(self.buckets), time.perf_counter()
+        for done, bucket in enumerate(sorted(self.buckets, reverse=True), start=1):
+            seconds, nbytes = self._capture_bucket(bucket)
+            log.debug("captured bucket %d in %.3f s (+%d bytes device memory)", bucket, seconds, nbytes)
+            if self.progress is not None:
+                self.progress(done, total, bucket, seconds)
+            if done % self.log_every == 0 or done == total:
+                log.info(
+                    "graph capture %d/%d buckets (last %d rows, %.3f s; %.2f s total)",
+                    done, total, bucket, seconds, time.perf_counter() - t_all,
+                )
+
+    def _capture_bucket(self, bucket: int) -> tuple[float, int]:
+        """Warm up and capture one bucket; returns (seconds, device bytes allocated)."""
+        mem0 = self._memory()
+        t0 = time.perf_counter()
+        roots = [("metadata", self.metadata)] if self.metadata is not None else []
+        graph = BreakableGraph(
+            self.platform, self.sanitize, self.pool, self.mode == "breakable", roots
+        )
+        inputs = self._inputs(bucket)
+        graph.warmup(self.fn, **inputs)  # as engines do: first-call work happens outside
+        self.platform.synchronize()
+        graph.capture(self.fn, **inputs)
+        self.platform.synchronize()
+        self.pool = graph.pool
+        self.graphs[bucket] = graph
+        if self.metadata is not None:
+            self.metadata.mark_captured()  # after the first capture; never undone
+        return time.perf_counter() - t0, self._memory() - mem0
+
+    def _memory(self) -> int:
+        if self.platform.has_gpu:
+            return torch.cuda.memory_allocated()
+        return 0
+
+    # -- replay -------------------------------------------------------------------------
+    def bucket_for(self, rows: int) -> int | None:
+        """The smallest bucket >= ``rows``; ``None`` when ``rows`` exceeds every bucket."""
+        for b in self.buckets:
+            if b >= rows:
+                return b
+        return None
+
+    def _live_rows(self, live: Mapping[str, torch.Tensor]) -> int:
+        if set(live) != set(self.static):
+            raise ValueError(f"run() expects inputs {sorted(self.static)}, got {sorted(live)}")
+        rows = {name: t.shape[0] for name, t in live.items()}
+        if len(set(rows.values())) != 1:
+            raise ValueError(f"live inputs must share dim 0 (rows); got {rows}")
+        n = next(iter(rows.values()))
+        if n < 1:
+            raise ValueError("run() needs at least one row")
+        return n
+
+    def run(self, **live: torch.Tensor) -> Any:
+        """Run one step on ``live`` inputs ``{name: [rows, ...]}``; returns outputs ``[:rows]``.
+
+        Graph outputs are views of captured memory: the next ``run`` overwrites them, so copy
+        what must outlive it. Rows above the largest bucket run ``fn`` eagerly.
+        """
+        rows = self._live_rows(live)
+        bucket = self.bucket_for(rows)
+        if bucket is None or bucket not in self.graphs:
+            if bucket is not None:
+                raise RuntimeError("GraphRunner.run() before capture()")
+            return self.fn(**live)
+        for name, t in live.items():
+            self.static[name][:rows].copy_(t)
+        self._pad(rows, bucket)
+        out = self.graphs[bucket].replay()
+        return tree_map(lambda t: t[:rows] if isinstance(t, torch.Tensor) else t, out)
+
+    def check(self) -> None:
+        """Sanitize every bucket's graph now (raises :class:`FreedCaptureBufferError`)."""
+        for graph in self.graphs.values():
+            graph.tracker.check()
+
+    def held_storages(self) -> list[Any]:
+        """Distinct borrowed storages all buckets' graphs touch (``BorrowedStorage``)."""
+        seen: dict[int, Any] = {}
+        for graph in self.graphs.values():
+            for rec in graph.held_storages():
+                seen.setdefault(rec.ref.cdata, rec)
+        return list(seen.values())

@@ -1,0 +1,24 @@
+"""AMD's launch table: :mod:`graphattn.hip.configs` for the device's gfx architecture."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..common.platform import LaunchTable
+from . import configs
+
+
+class AmdLaunchTable(LaunchTable):
+    """Triton launch settings for an AMD CDNA GPU of architecture ``arch`` (e.g. ``"gfx942"``)."""
+
+    name = "amd"
+
+    def __init__(self, arch: str):
+        super().__init__()
+        self.arch = arch
+
+    def settings(self, path: str, **shape: Any) -> dict[str, Any]:
+        return configs.kernel_config(path, arch=self.arch, **shape)
+
+    def describe(self) -> dict[str, Any]:
+        return {"launch_table": f"{self.name} {self.arch}"}

@@ -1,0 +1,80 @@
+"""One conformance case's context and the checks every mode shares (output against the float64
+reference, the multi-CTA counter back at zero). ``checks`` (eager mode and the entry point) and
+``graph_checks`` (graph modes) both build on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..backends.base import AttentionBackend
+from ..common.metadata import D_QK, GraphMetadata
+from ..common.platform import Platform
+from ..common.reference import sparse_mla_reference
+from ..common.tolerances import tolerance
+from .specs import Q_STD, BatchSpec, SuiteShape, make_indices
+
+SENTINEL = 0xA5  # byte value victims are filled with
+
+
+@dataclass
+class CaseContext:
+    """Everything one case needs: the backend instance, spec, shapes, data generator."""
+
+    backend: AttentionBackend
+    spec: BatchSpec
+    shape: SuiteShape
+    mode: str
+    platform: Platform
+    generator: torch.Generator
+
+    @property
+    def label(self) -> str:
+        """``backend 'NAME' [spec/mode]``: the prefix of every failure message."""
+        return f"backend '{self.backend.name}' [{self.spec.name}/{self.mode}, {self.backend.dtype}]"
+
+    def randn(self, *shape: int, std: float = 1.0) -> torch.Tensor:
+        t = torch.randn(*shape, generator=self.generator, dtype=torch.float32) * std
+        return t.to(self.backend.dtype).to(self.platform.device)
+
+    def query(self, rows: int) -> torch.Tensor:
+        """``q [rows, num_heads, 576]`` at the suite's logit scale (:data:`specs.Q_STD`)."""
+        return self.randn(rows, self.spec.num_heads, D_QK, std=Q_STD)
+
+    def indices(self, rows: int) -> torch.Tensor:
+        return make_indices(self.spec, rows, self.shape.pool_tokens, self.generator, self.platform.device)
+
+
+def assert_matches_reference(ctx: CaseContext, step: int, q, kv, indices, out, lse) -> None:
+    """Compare ``out``/``lse`` with the float64 reference at the dtype's tolerance."""
+    rows, heads = q.shape[0], q.shape[1]
+    where = f"{ctx.label} step {step} ({rows} rows)"
+    expected_out = (rows, heads, kv.shape[1] - (D_QK - 512))
+    assert tuple(out.shape) == expected_out and out.dtype == q.dtype, (
+        f"{where}: expected out {expected_out} {q.dtype}, got {tuple(out.shape)} {out.dtype}"
+    )
+    assert tuple(lse.shape) == (rows, heads) and lse.dtype == torch.float32, (
+        f"{where}: expected lse {(rows, heads)} float32, got {tuple(lse.shape)} {lse.dtype}"
+    )
+    ref_out, ref_lse = sparse_mla_reference(q, kv, indices, ctx.backend.sm_scale)
+    tol = tolerance(q.dtype)
+    checks = (("out", out, ref_out, tol.atol, tol.rtol), ("lse", lse, ref_lse, tol.lse_atol, tol.lse_rtol))
+    for name, got, ref, atol, rtol in checks:
+        torch.testing.assert_close(
+            got.double(), ref, atol=atol, rtol=rtol,
+            msg=lambda m, name=name, atol=atol, rtol=rtol: f"{where}: {name} differs from the "
+            f"float64 reference (dtype {tol.dtype}, atol {atol}, rtol {rtol}):\n{m}",
+        )
+
+
+def check_counter_clean(ctx: CaseContext, metadata: GraphMetadata, step: int) -> None:
+    """The multi-CTA counter must be all zeros between launches (the kernel resets it)."""
+    if metadata.counter is None:
+        return
+    nonzero = int((metadata.counter.tensor != 0).sum())
+    assert nonzero == 0, (
+        f"{ctx.label} step {step}: {nonzero} multi-CTA counters are not 0 after the launch; the "
+        f"kernel must reset every counter it increments, or the next replay miscounts arrivals"
+    )
