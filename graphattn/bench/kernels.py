@@ -146,6 +146,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
 def sweep(shapes, candidates: list[dict[str, Any]], paths=("mega", "trtllm")) -> list[dict[str, Any]]:
     """Time every candidate tile setting (the launch table's ``override``) per path and shape."""
     from graphattn.common.platform import current_platform
+    from graphattn.kernels.launch import clear_launch_plans
 
     table = current_platform().launch_table
     results = []
@@ -153,6 +154,7 @@ def sweep(shapes, candidates: list[dict[str, Any]], paths=("mega", "trtllm")) ->
         for path in paths:
             for cand in candidates:
                 with table.override(path, **cand):
+                    clear_launch_plans()  # plans memoised under other settings
                     try:
                         r = measure(heads, rows, topk, paths=(path,))[0]
                     except Exception as exc:  # a candidate that does not compile is reported
