@@ -130,6 +130,8 @@ def _compiled_matches_eager(name, device):
 
 @pytest.mark.parametrize("name", BUILTIN)
 def test_torch_compile_fullgraph_cpu(name, cpu_platform):
+    if name in TRITON and torch.cuda.is_available():
+        pytest.skip("Triton kernels on CPU tensors need the interpreter, which is off where a GPU is")
     _compiled_matches_eager(name, torch.device("cpu"))
 
 
