@@ -116,4 +116,5 @@ def direct_plan(backend: TritonBackend, metadata: GraphMetadata, q: torch.Tensor
     """``backend``'s plan for this call when it may launch directly, else ``None``."""
     if not direct_launch_allowed():
         return None
-    return backend.launch_plan(metadata, q.shape[0], aligned_16(q, kv))
+    aligned = aligned_16(q, kv) if backend.kernel_spec.alignment else True
+    return backend.launch_plan(metadata, q.shape[0], aligned)

@@ -35,6 +35,8 @@ class KernelSpec:
         uses_workspace: writes split-KV partials to ``GraphMetadata.workspace_for(rows, splits)``.
         pads_heads: needs ``heads % platform.head_pad_multiple == 0`` (q padded by the metadata).
         combine: merges split partials in a second launch (otherwise in the same launch, or no split).
+        alignment: its kernel choice depends on whether q/kv rows are 16-byte aligned
+            (:func:`aligned_16`); paths without it skip that check on every call.
     """
 
     name: str
@@ -43,6 +45,7 @@ class KernelSpec:
     uses_workspace: bool
     pads_heads: bool
     combine: bool
+    alignment: bool = False
 
     @property
     def op(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
@@ -51,7 +54,7 @@ class KernelSpec:
 
 
 FLASHMLA = KernelSpec("flashmla", "sparse_mla_flashmla", uses_counter=False, uses_workspace=True,
-                      pads_heads=True, combine=True)
+                      pads_heads=True, combine=True, alignment=True)
 TRTLLM = KernelSpec("trtllm", "sparse_mla_trtllm", uses_counter=True, uses_workspace=True,
                     pads_heads=False, combine=False)
 MEGA = KernelSpec("mega", "sparse_mla_mega", uses_counter=False, uses_workspace=False,
