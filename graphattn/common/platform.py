@@ -89,6 +89,10 @@ class LaunchTable:
     """
 
     name: str = "abstract"
+    # The FP8 format this hardware converts natively, read by 656-byte FP8 KV tokens
+    # (graphattn.common.kv_layout): e4m3fn on NVIDIA (sm_89+) and in the interpreter; AMD's
+    # table says per gfx arch.
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn
 
     def __init__(self) -> None:
         self._overrides: dict[str, dict[str, Any]] = {}
@@ -178,6 +182,12 @@ class Platform:
     def _compute_units(self) -> int:
         return self.facts.compute_units if self.has_gpu else os.cpu_count() or 1
 
+    @functools.cached_property
+    def fp8_dtype(self) -> torch.dtype:
+        """The FP8 format of 656-byte KV tokens here: the real hardware's (its launch table's),
+        ``float8_e4m3fn`` on NVIDIA and gfx950, ``float8_e4m3fnuz`` on gfx942."""
+        return self.launch_table.fp8_dtype
+
     def num_compute_units(self) -> int:
         """Streaming multiprocessors (NVIDIA) or compute units (AMD); CPU cores on the CPU."""
         return self._compute_units
@@ -211,6 +221,7 @@ class Platform:
             "device": str(self.device),
             "compute_units": self.num_compute_units(),
             "head_pad_multiple": self.head_pad_multiple,
+            "fp8_dtype": str(self.fp8_dtype).replace("torch.", ""),
             **self.launch_table.describe(),
         }
 

@@ -4,12 +4,15 @@
 int32 into the pool. Index −1 (or anything outside ``[0, pool)``) is skipped; duplicate indices
 count as many times as they appear. Returns ``out [rows, heads, d_v]`` and
 ``lse [rows, heads]`` (natural log). A row with no valid index gives out = 0 and lse = −inf.
+``kv`` may also be 656-byte FP8 tokens (``[pool, 656]`` uint8, :mod:`.kv_layout`): the reference
+dequantises them explicitly (exactly, in float64) and attends over the dequantised cache.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .kv_layout import dequantize_kv, is_fp8_kv
 from .metadata import D_V
 
 
@@ -21,11 +24,16 @@ def sparse_mla_reference(
     d_v: int = D_V,
     compute_dtype: torch.dtype = torch.float64,
     chunk_rows: int = 64,
+    fp8_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention in ``compute_dtype``; returns ``(out, lse)`` in that dtype.
 
-    Rows are processed ``chunk_rows`` at a time so the gathered KV stays small.
+    Rows are processed ``chunk_rows`` at a time so the gathered KV stays small. FP8 ``kv``
+    (uint8 ``[pool, 656]``) is dequantised first, read as ``fp8_dtype`` (default: the
+    platform's format).
     """
+    if is_fp8_kv(kv):
+        kv = dequantize_kv(kv, fp8_dtype, torch.float64)  # [pool, 576], exact
     if q.dim() != 3 or kv.dim() != 2 or indices.dim() != 2:
         raise ValueError(
             f"expected q [rows, heads, d], kv [pool, d], indices [rows, topk]; got "

@@ -12,7 +12,11 @@ import functools
 import importlib.util
 from typing import Any
 
+import torch
+
 SM90_SMS = 132
+# The FP8 format of 656-byte KV tokens on NVIDIA (converted natively from sm_89 on).
+FP8_DTYPE = torch.float8_e4m3fn
 # Split-KV: small batches need many programs to fill the 132 SMs. flashmla's separate combine
 # loads all splits of a head at once, so it can afford many splits (its workspace is a pool of
 # partials shared by all row counts: see graphattn.kernels.plan.split_plan). trtllm's last

@@ -16,6 +16,7 @@ class NvidiaLaunchTable(LaunchTable):
     """
 
     name = "nvidia"
+    fp8_dtype = configs.FP8_DTYPE
 
     def __init__(self, capability: tuple[int, int]):
         super().__init__()

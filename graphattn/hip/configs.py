@@ -18,8 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 ARCHS = ("gfx942", "gfx950")
 _COMPUTE_UNITS = {"gfx942": 304, "gfx950": 256}
+# The FP8 format each arch converts natively (the 656-byte KV tokens' values): CDNA3 has the
+# "fnuz" e4m3 (no negative zero, max 240), CDNA4 the OCP e4m3fn (max 448).
+_FP8_DTYPES = {"gfx942": torch.float8_e4m3fnuz, "gfx950": torch.float8_e4m3fn}
 _PATHS = ("flashmla", "trtllm", "mega", "flashmla_combine")
 # heads up to the first item use the tiles: (BLOCK_H, BLOCK_N, num_warps, waves_per_eu).
 _TILES = (
@@ -42,6 +47,13 @@ def _tiles(heads: int, arch: str) -> dict[str, Any]:
 def _check_arch(arch: str) -> None:
     if arch not in ARCHS:
         raise ValueError(f"no CDNA kernel settings for {arch!r}; supported: {', '.join(ARCHS)}")
+
+
+def fp8_dtype(arch: str) -> torch.dtype:
+    """The FP8 format of 656-byte KV tokens on ``arch``: ``float8_e4m3fnuz`` on gfx942,
+    ``float8_e4m3fn`` on gfx950."""
+    _check_arch(arch)
+    return _FP8_DTYPES[arch]
 
 
 def kernel_config(path: str, arch: str, rows: int = 1, heads: int = 64, topk: int = 2048) -> dict[str, Any]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ..common.platform import LaunchTable
 from . import configs
 
@@ -19,6 +21,11 @@ class AmdLaunchTable(LaunchTable):
 
     def settings(self, path: str, **shape: Any) -> dict[str, Any]:
         return configs.kernel_config(path, arch=self.arch, **shape)
+
+    @property
+    def fp8_dtype(self) -> torch.dtype:
+        """e4m3fnuz on gfx942, e4m3fn on gfx950 (:func:`graphattn.hip.configs.fp8_dtype`)."""
+        return configs.fp8_dtype(self.arch)
 
     def describe(self) -> dict[str, Any]:
         return {"launch_table": f"{self.name} {self.arch}"}
