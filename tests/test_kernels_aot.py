@@ -42,6 +42,13 @@ def test_every_kernel_compiles_ahead_of_time(target):
         expected |= {"flashmla_wgmma"} if gluon_available() else set()
     assert compiled == expected, f"{target}: {compiled}"
     assert summary["failed"] == 0 and summary["compiled"] >= 4, summary
+    # Every attention kernel also compiled reading 656-byte FP8 tokens, in the target's format.
+    from graphattn.kernels.aot import fp8_code
+
+    fp8 = {(r["kernel"], r["constexprs"]["KV_FP8"]) for r in records if r.get("ok") and r["constexprs"].get("KV_FP8")}
+    code = 2 if target == "gfx942" else 1  # e4m3fnuz on gfx942, e4m3fn on sm_90 and gfx950
+    assert fp8_code(target) == code
+    assert fp8 == {(k, code) for k in ("flashmla_split", "trtllm", "mega")}, f"{target}: FP8 compiles {fp8}"
 
 
 @pytest.mark.parametrize("target", ["sm90", "gfx942", "gfx950"])
@@ -59,3 +66,5 @@ def test_aot_jobs_compile_each_setting_as_it_runs(target):
             hits = [key for k, key in compiled if k == kernel
                     and {**meta, **opts}.items() <= json.loads(key).items()]
             assert hits, f"{target} {kernel}: setting {cfg} is not compiled as configured"
+            if kernel in ("flashmla_split", "trtllm", "mega"):  # ... and reading FP8 tokens
+                assert any(json.loads(key).get("KV_FP8") for key in hits), f"{target} {kernel}: no FP8 {cfg}"

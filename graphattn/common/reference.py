@@ -51,7 +51,8 @@ def sparse_mla_reference(
         r1 = min(rows, r0 + chunk_rows)
         idx = indices[r0:r1].long()
         valid = (idx >= 0) & (idx < kv.shape[0])  # [n, topk]
-        k = kv_c[idx.clamp(0, kv.shape[0] - 1)]  # [n, topk, d_qk]
+        # Skipped indices are never read: their rows are zeros, whatever the pool holds there.
+        k = kv_c[idx.clamp(0, kv.shape[0] - 1)].masked_fill(~valid[..., None], 0.0)  # [n, topk, d_qk]
         s = torch.einsum("nhd,ntd->nht", q[r0:r1].to(compute_dtype), k) * sm_scale
         s = s.masked_fill(~valid[:, None, :], float("-inf"))
         row_lse = torch.logsumexp(s, dim=-1)  # [n, heads]; -inf where no valid index

@@ -12,6 +12,11 @@ Conventions shared by all kernels:
     (masked load) and its score is −inf. Duplicates count as many times as they appear.
   * a split partial is stored **normalised**: ``out_s = sum(p·v) / sum(p)`` in float32 and
     ``lse_s`` (natural log, −inf for a split with no valid index, whose ``out_s`` is 0).
+  * ``KV_FP8`` (constexpr): 0 = kv rows are 576 values in q's dtype; 1 / 2 = kv rows are the
+    656-byte FP8 tokens of ``graphattn.common.kv_layout`` (``kv_ptr`` a uint8 pointer,
+    ``stride_kv`` in bytes) with e4m3fn / e4m3fnuz values. The packed token is loaded as bytes,
+    the nope bytes bitcast to FP8, converted and multiplied by their tile's scale in float32,
+    then rounded to q's dtype: the products run in bf16/fp16 (never FP8 products).
 """
 
 from __future__ import annotations
@@ -19,7 +24,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..common import kv_layout
+
 LOG2E = 1.4426950408889634
+# The 656-byte token's layout, as constexprs the kernels can read.
+FP8_TILE = tl.constexpr(kv_layout.TILE)
+FP8_NUM_TILES = tl.constexpr(kv_layout.NUM_TILES)
+FP8_SCALE_OFFSET = tl.constexpr(kv_layout.SCALE_OFFSET)
+FP8_ROPE_OFFSET = tl.constexpr(kv_layout.ROPE_OFFSET)
 
 
 @triton.jit
@@ -38,10 +50,44 @@ def _load_q(q_ptr, row, h_offs, H, stride_qr, stride_qh,
 
 
 @triton.jit
+def _load_kv(kv_ptr, stride_kv, idx, valid, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr,
+             D_ROPE: tl.constexpr, KV_FP8: tl.constexpr):
+    """Gather the KV rows ``idx [BLOCK_N]`` (rows where ``valid`` is false are not read: zeros).
+
+    Returns ``k_nope [BLOCK_N, D_NOPE]`` and ``k_rope [BLOCK_N, D_ROPE]``: kv's dtype when
+    ``KV_FP8 == 0``; for 656-byte FP8 tokens the dequantised nope part in float32 and the rope
+    part in bf16 (the caller rounds both to q's dtype for the products).
+    """
+    offs_d = tl.arange(0, D_NOPE)
+    offs_r = tl.arange(0, D_ROPE)
+    kv_row = kv_ptr + tl.where(valid, idx, 0).to(tl.int64) * stride_kv  # [BLOCK_N] pointers
+    if KV_FP8:
+        raw = tl.load(kv_row[:, None] + offs_d[None, :], mask=valid[:, None], other=0)  # uint8
+        if KV_FP8 == 2:
+            k_nope = raw.to(tl.float8e4b8, bitcast=True).to(tl.float32)  # e4m3fnuz (gfx942)
+        else:
+            k_nope = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)  # e4m3fn
+        # One float32 scale per 128 columns, broadcast by selects (no reshape of the tile).
+        scale_ptr = (kv_row + FP8_SCALE_OFFSET).to(tl.pointer_type(tl.float32))
+        tile_of = (offs_d // FP8_TILE)[None, :]
+        scale = tl.zeros([BLOCK_N, D_NOPE], tl.float32)
+        for t in tl.static_range(FP8_NUM_TILES):
+            s_t = tl.load(scale_ptr + t, mask=valid, other=0.0)
+            scale = tl.where(tile_of == t, s_t[:, None], scale)
+        k_nope = k_nope * scale
+        rope_ptr = (kv_row + FP8_ROPE_OFFSET).to(tl.pointer_type(tl.bfloat16))
+        k_rope = tl.load(rope_ptr[:, None] + offs_r[None, :], mask=valid[:, None], other=0.0)
+    else:
+        k_nope = tl.load(kv_row[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+        k_rope = tl.load(kv_row[:, None] + D_NOPE + offs_r[None, :], mask=valid[:, None], other=0.0)
+    return k_nope, k_rope
+
+
+@triton.jit
 def _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_row_ptr, pool, start, end, qk_scale,
                   BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr,
                   D_ROPE: tl.constexpr, DOT_F32: tl.constexpr, IDX_AHEAD: tl.constexpr,
-                  KV_MAJOR: tl.constexpr):
+                  KV_MAJOR: tl.constexpr, KV_FP8: tl.constexpr):
     """Online softmax over indices ``[start, end)`` of one row.
 
     Returns ``acc [BLOCK_H, D_NOPE]`` (un-normalised, f32), ``m [BLOCK_H]`` (running max of the
@@ -78,12 +124,11 @@ def _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_row_ptr, pool, start, e
             cols = n0 + offs_n
             idx = tl.load(idx_row_ptr + cols, mask=cols < end, other=-1)
         valid = (idx >= 0) & (idx < pool)  # out-of-range indices are skipped, never read
-        kv_row = kv_ptr + tl.where(valid, idx, 0).to(tl.int64)[:, None] * stride_kv
-        k_nope = tl.load(kv_row + offs_d[None, :], mask=valid[:, None], other=0.0)
-        k_rope = tl.load(kv_row + D_NOPE + offs_r[None, :], mask=valid[:, None], other=0.0)
-        if DOT_F32:
-            k_nope = k_nope.to(tl.float32)
-            k_rope = k_rope.to(tl.float32)
+        k_nope, k_rope = _load_kv(kv_ptr, stride_kv, idx, valid, BLOCK_N, D_NOPE, D_ROPE, KV_FP8)
+        # The products run in q's dtype (float32 under DOT_F32): a no-op for plain kv, the
+        # rounding of the dequantised values for FP8 tokens.
+        k_nope = k_nope.to(q_nope.dtype)
+        k_rope = k_rope.to(q_rope.dtype)
         if KV_MAJOR:
             s = tl.dot(k_nope, q_nope_t)  # [BLOCK_N, BLOCK_H]
             s = tl.dot(k_rope, q_rope_t, s)
@@ -113,7 +158,7 @@ def _split_program(q_ptr, kv_ptr, idx_ptr, H, pool, topk, split_len, num_splits,
                    stride_qr, stride_qh, stride_kv, stride_ir,
                    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr,
                    D_ROPE: tl.constexpr, DOT_F32: tl.constexpr, IDX_AHEAD: tl.constexpr,
-                   KV_MAJOR: tl.constexpr):
+                   KV_MAJOR: tl.constexpr, KV_FP8: tl.constexpr):
     """Attend this program's (row, split, head block) of a flat split-KV grid.
 
     The head block varies fastest, so the head blocks of one row run together and share its
@@ -132,7 +177,7 @@ def _split_program(q_ptr, kv_ptr, idx_ptr, H, pool, topk, split_len, num_splits,
     end = tl.minimum(start + split_len, topk)
     acc, m, l = _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_ptr + row.to(tl.int64) * stride_ir,
                               pool, start, end, qk_scale, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32, IDX_AHEAD,
-                              KV_MAJOR)
+                              KV_MAJOR, KV_FP8)
     out, lse = _finalize(acc, m, l)
     return row, split, hb, h_offs, out, lse
 

@@ -5,8 +5,10 @@ Run as ``TRITON_INTERPRET=0 python -m graphattn.kernels.aot [--targets sm90 gfx9
 ``graphattn.kernels`` otherwise switches to the interpreter, whose kernels cannot be compiled.
 
 Every distinct launch setting that ``graphattn.cuda.configs`` / ``graphattn.hip.configs`` can
-choose is compiled (bf16, the general split path); the direct-store variants and fp16 are
-compiled once per kernel. Prints one JSON line per compile and exits 1 if any failed.
+choose is compiled (bf16, the general split path), and again reading 656-byte FP8 KV tokens
+(``KV_FP8``, in the target's FP8 format: e4m3fn on sm_90 and gfx950, e4m3fnuz on gfx942; the
+Gluon kernel and the combine do not read KV); the direct-store variants and fp16 are compiled
+once per kernel. Prints one JSON line per compile and exits 1 if any failed.
 Works with the ``ASTSource(fn, signature, constexprs)`` API of triton 3.3 to 3.9.
 """
 
@@ -39,6 +41,8 @@ _I32_PTRS = ("idx_ptr", "counter_ptr")
 def _arg_type(name: str, dtype: str, constexprs: dict[str, Any]) -> str:
     if name in constexprs:
         return "constexpr"
+    if name == "kv_ptr" and constexprs.get("KV_FP8"):
+        return "*u8"  # 656-byte FP8 tokens, read as bytes
     if name.endswith("_ptr"):
         return "*fp32" if name in _F32_PTRS else "*i32" if name in _I32_PTRS else f"*{dtype}"
     return "fp32" if name == "qk_scale" else "i32"
@@ -54,7 +58,21 @@ def _configs(path: str, target: str) -> list[dict[str, Any]]:
     return hip_configs.all_configs(path, target)
 
 
-_FIXED = {"D_NOPE": 512, "D_ROPE": 64, "DOT_F32": False, "DIRECT": False, "BLOCK_S": 32, **LOOP_DEFAULTS}
+_FIXED = {"D_NOPE": 512, "D_ROPE": 64, "DOT_F32": False, "DIRECT": False, "BLOCK_S": 32, "KV_FP8": 0,
+          **LOOP_DEFAULTS}
+
+
+def fp8_code(target: str) -> int:
+    """The ``KV_FP8`` constexpr of ``target``'s FP8 format (the platform modules decide it)."""
+    from ..common.kv_layout import fp8_kernel_code
+
+    if target == "sm90":
+        from ..cuda import configs as cuda_configs
+
+        return fp8_kernel_code(cuda_configs.FP8_DTYPE)
+    from ..hip import configs as hip_configs
+
+    return fp8_kernel_code(hip_configs.fp8_dtype(target))
 
 
 def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, Any], str]]:
@@ -72,8 +90,13 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
                 # constexprs (IDX_AHEAD, KV_MAJOR, ...) are what runs, so they win.
                 meta = {**{k: v for k, v in _FIXED.items() if k in names}, **meta}
                 variants = [("bf16", {})]
+                fp8 = {"KV_FP8": fp8_code(target)} if "KV_FP8" in names else None
+                if fp8:  # every tile setting also reads FP8 tokens (its own loads and converts)
+                    variants.append(("bf16", fp8))
                 if i == 0:  # dtype and the direct store do not depend on the tile settings
                     variants.append(("fp16", {}))
+                    if fp8:
+                        variants.append(("fp16", fp8))
                     if "DIRECT" in names:
                         variants.append(("bf16", {"DIRECT": True}))
                 for dtype, extra in variants:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.kv_layout import TOKEN_BYTES, check_fp8_kv, is_fp8_kv
 from ..common.metadata import D_QK, D_V
 from ..common.platform import current_platform
 
@@ -19,24 +20,32 @@ def _shape(t: torch.Tensor) -> tuple[int, ...]:
 
 
 def check_attention_inputs(path: str, q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor) -> None:
-    """Check ``q [rows, H, 576]``, ``kv [pool, 576]``, ``indices [rows, topk] int32``.
+    """Check ``q [rows, H, 576]``, ``kv [pool, 576]`` (or ``[pool, 656]`` uint8 FP8 tokens),
+    ``indices [rows, topk] int32``.
 
-    Requirements: q and kv both bf16 or both fp16; the last dim of q, kv and indices has
-    stride 1 (other strides are free, e.g. a head slice of a larger q); all on one device of
+    Requirements: q bf16 or fp16 and kv in q's dtype, or kv in the 656-byte FP8 layout
+    (:mod:`graphattn.common.kv_layout`: 4-byte aligned rows); the last dim of q, kv and indices
+    has stride 1 (other strides are free, e.g. a head slice of a larger q); all on one device of
     the current platform.
     """
     if q.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{path}: q must be bfloat16 or float16, got {q.dtype}; cast q first")
-    if kv.dtype != q.dtype:
-        raise TypeError(f"{path}: kv dtype must equal q dtype {q.dtype}, got {kv.dtype}")
+    if is_fp8_kv(kv):
+        check_fp8_kv(path, kv)
+    elif kv.dtype != q.dtype:
+        raise TypeError(
+            f"{path}: kv dtype must equal q dtype {q.dtype} (or be uint8 [pool, {TOKEN_BYTES}] FP8 "
+            f"tokens), got {kv.dtype}"
+        )
     if indices.dtype != torch.int32:
         raise TypeError(f"{path}: indices must be int32, got {indices.dtype}; use indices.int()")
     if q.dim() != 3 or q.shape[2] != D_QK:
         raise ValueError(f"{path}: q must be [rows, heads, {D_QK}], got {_shape(q)}")
-    if kv.dim() != 2 or kv.shape[1] != D_QK:
+    width = TOKEN_BYTES if is_fp8_kv(kv) else D_QK
+    if kv.dim() != 2 or kv.shape[1] != width:
         raise ValueError(
-            f"{path}: kv must be [pool_tokens, {D_QK}] (V = kv[:, :{D_V}]), got {_shape(kv)}; "
-            "flatten a paged cache to [pages * page_size, 576]"
+            f"{path}: kv must be [pool_tokens, {width}] (V = the first {D_V} values), got "
+            f"{_shape(kv)}; flatten a paged cache to [pages * page_size, {width}]"
         )
     if indices.dim() != 2 or indices.shape[0] != q.shape[0]:
         raise ValueError(

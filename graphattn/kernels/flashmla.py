@@ -14,12 +14,13 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.kv_layout import is_fp8_kv
 from ..common.metadata import D_QK, D_V
 from ..common.platform import Platform, current_platform
 from . import checks
 from ._core import LOG2E, _split_program, _store_final, _store_partial
 from .launch import FLASHMLA, LaunchPlan, aligned_16, make_launch, memoised
-from .plan import cdiv, empty_outputs, launch_parts, path_config, split_layout
+from .plan import cdiv, empty_outputs, kv_fp8_constexpr, launch_parts, path_config, split_layout
 
 PATH = FLASHMLA.name
 D_ROPE = D_QK - D_V
@@ -33,11 +34,12 @@ def _flashmla_split_kernel(
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
     DIRECT: tl.constexpr, DOT_F32: tl.constexpr, IDX_AHEAD: tl.constexpr, KV_MAJOR: tl.constexpr,
+    KV_FP8: tl.constexpr = 0,
 ):
     row, split, hb, h_offs, out, lse = _split_program(
         q_ptr, kv_ptr, idx_ptr, H, pool, topk, split_len, num_splits, qk_scale,
         stride_qr, stride_qh, stride_kv, stride_ir,
-        BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32, IDX_AHEAD, KV_MAJOR)
+        BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32, IDX_AHEAD, KV_MAJOR, KV_FP8)
     if DIRECT:
         _store_final(out_ptr, lse_ptr, row, h_offs, H, out, lse, D_NOPE)
     else:
@@ -74,10 +76,11 @@ def _flashmla_combine_kernel(
 
 def _split_kernel(q, kv, topk):
     """``(kernel, cfg)`` of the first launch (see :func:`_select`)."""
-    return _select(q.shape[0], q.shape[1], topk, aligned_16(q, kv))[:2]
+    return _select(q.shape[0], q.shape[1], topk, aligned_16(q, kv), is_fp8_kv(kv))[:2]
 
 
-def _select(rows: int, heads: int, topk: int, aligned: bool) -> tuple[Any, dict[str, Any], str]:
+def _select(rows: int, heads: int, topk: int, aligned: bool,
+            kv_fp8: bool = False) -> tuple[Any, dict[str, Any], str]:
     """``(kernel, cfg, name)`` of the first launch: the platform's choice, or flashmla's
     heads-major Triton tiles (``flashmla_triton``) where it chose a kernel that needs 16-byte
     aligned rows and the inputs are not aligned.
@@ -88,10 +91,13 @@ def _select(rows: int, heads: int, topk: int, aligned: bool) -> tuple[Any, dict[
     reports invalid ``__shared__`` reads, and the result is an illegal access or garbage (issue
     10: 48 heads x 2 rows with a kv row stride of 600). The heads-major tiles are correct for
     any stride.
+
+    ``kv_fp8`` (656-byte FP8 tokens): the Gluon kernel does not read them yet, so where the
+    platform chose it the heads-major Triton tiles run (the tokens-major tile reads them).
     """
     cfg = path_config(PATH, rows, heads, topk)
     wgmma = cfg.get("kernel") == "wgmma"
-    if (wgmma or cfg.get("KV_MAJOR")) and not aligned:
+    if (wgmma and kv_fp8) or ((wgmma or cfg.get("KV_MAJOR")) and not aligned):
         return _flashmla_split_kernel, path_config(PATH + "_triton", rows, heads, topk), "triton"
     if not wgmma:
         return _flashmla_split_kernel, cfg, "triton_kv_major" if cfg.get("KV_MAJOR") else "triton"
@@ -103,16 +109,18 @@ def _select(rows: int, heads: int, topk: int, aligned: bool) -> tuple[Any, dict[
 def kernel_name(q: torch.Tensor, kv: torch.Tensor, topk: int) -> str:
     """The split kernel a launch over padded ``q`` and ``kv`` runs: ``"wgmma"`` (Gluon, sm_90),
     ``"triton_kv_major"`` (the tokens-major Triton tile) or ``"triton"`` (the heads-major tiles)."""
-    return _select(q.shape[0], q.shape[1], topk, aligned_16(q, kv))[2]
+    return _select(q.shape[0], q.shape[1], topk, aligned_16(q, kv), is_fp8_kv(kv))[2]
 
 
 @memoised
-def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, aligned: bool) -> LaunchPlan:
-    kernel, cfg, name = _select(rows, heads, topk, aligned)
+def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, aligned: bool,
+          kv_fp8: bool = False) -> LaunchPlan:
+    kernel, cfg, name = _select(rows, heads, topk, aligned, kv_fp8)
     splits, split_len = split_layout(rows, heads, topk, cfg, ws_splits)
     meta, opts = launch_parts(cfg)
     if kernel is _flashmla_split_kernel:
         meta["DOT_F32"] = platform.uses_triton_interpreter
+        meta["KV_FP8"] = kv_fp8_constexpr(platform, kv_fp8)
     head_blocks = cdiv(heads, meta["BLOCK_H"])
     main = make_launch(kernel, (rows * splits * head_blocks,), D_NOPE=D_V, D_ROPE=D_ROPE,
                        DIRECT=splits == 1, **meta, **opts)
@@ -124,11 +132,13 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
     return LaunchPlan(FLASHMLA, rows, heads, topk, splits, split_len, head_blocks, name, main, combine)
 
 
-def plan_flashmla(rows: int, heads: int, topk: int, ws_splits: int, aligned: bool = True) -> LaunchPlan:
+def plan_flashmla(rows: int, heads: int, topk: int, ws_splits: int, aligned: bool = True,
+                  kv_fp8: bool = False) -> LaunchPlan:
     """The memoised :class:`LaunchPlan` for ``q [rows, heads, 576]`` (heads padded) and
     ``indices [rows, topk]`` with a workspace of ``ws_splits`` splits per row; ``aligned``:
-    q and kv rows are 16-byte aligned (:func:`aligned_16`)."""
-    return _plan(current_platform(), rows, heads, topk, ws_splits, aligned)
+    q and kv rows are 16-byte aligned (:func:`aligned_16`); ``kv_fp8``: kv is 656-byte FP8
+    tokens (``[pool, 656]`` uint8)."""
+    return _plan(current_platform(), rows, heads, topk, ws_splits, aligned, kv_fp8)
 
 
 def run_flashmla(plan: LaunchPlan, q, kv, indices, sm_scale: float, ws_out, ws_lse):
@@ -170,7 +180,9 @@ def sparse_mla_flashmla(
     Args:
         q: ``[rows, H, 576]`` bf16/fp16, ``H % current_platform().head_pad_multiple == 0``
             (pad with ``GraphMetadata.zero_padded_q``); last dim contiguous.
-        kv: ``[pool_tokens, 576]`` same dtype (V = ``kv[:, :512]``); last dim contiguous.
+        kv: ``[pool_tokens, 576]`` same dtype (V = ``kv[:, :512]``), or 656-byte FP8 tokens
+            ``[pool_tokens, 656]`` uint8 in the platform's FP8 format
+            (``graphattn.common.kv_layout``); last dim contiguous.
         indices: ``[rows, topk]`` int32 pool rows; −1 **or any value outside
             ``[0, pool_tokens)``** is skipped (never read); duplicates count each time.
         sm_scale: softmax scale applied to ``q·k``.
@@ -184,7 +196,8 @@ def sparse_mla_flashmla(
         no valid index gives out 0 and lse −inf.
     """
     _check(q, kv, indices, ws_out, ws_lse)
-    plan = plan_flashmla(q.shape[0], q.shape[1], indices.shape[1], ws_out.shape[1], aligned_16(q, kv))
+    plan = plan_flashmla(q.shape[0], q.shape[1], indices.shape[1], ws_out.shape[1], aligned_16(q, kv),
+                         is_fp8_kv(kv))
     return run_flashmla(plan, q, kv, indices, sm_scale, ws_out, ws_lse)
 
 

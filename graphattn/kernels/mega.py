@@ -11,12 +11,13 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.kv_layout import is_fp8_kv
 from ..common.metadata import D_QK, D_V
 from ..common.platform import Platform, current_platform
 from . import checks
 from ._core import LOG2E, _attend_range, _finalize, _load_q, _store_final
 from .launch import MEGA, LaunchPlan, make_launch, memoised
-from .plan import cdiv, empty_outputs, launch_parts, path_config
+from .plan import cdiv, empty_outputs, kv_fp8_constexpr, launch_parts, path_config
 
 PATH = MEGA.name
 
@@ -27,6 +28,7 @@ def _mega_kernel(
     H, pool, topk, qk_scale, stride_qr, stride_qh, stride_kv, stride_ir,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
     DOT_F32: tl.constexpr, IDX_AHEAD: tl.constexpr, KV_MAJOR: tl.constexpr,
+    KV_FP8: tl.constexpr = 0,
 ):
     # Head block fastest: the programs of one row run together and share its KV through L2.
     pid = tl.program_id(0)
@@ -37,23 +39,25 @@ def _mega_kernel(
     q_nope, q_rope = _load_q(q_ptr, row, h_offs, H, stride_qr, stride_qh, D_NOPE, D_ROPE, DOT_F32)
     acc, m, l = _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_ptr + row.to(tl.int64) * stride_ir,
                               pool, 0, topk, qk_scale, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32, IDX_AHEAD,
-                              KV_MAJOR)
+                              KV_MAJOR, KV_FP8)
     out, lse = _finalize(acc, m, l)
     _store_final(out_ptr, lse_ptr, row, h_offs, H, out, lse, D_NOPE)
 
 
 @memoised
-def _plan(platform: Platform, rows: int, heads: int, topk: int) -> LaunchPlan:
+def _plan(platform: Platform, rows: int, heads: int, topk: int, kv_fp8: bool = False) -> LaunchPlan:
     meta, opts = launch_parts(path_config(PATH, rows, heads, topk))
     head_blocks = cdiv(heads, meta["BLOCK_H"])
     main = make_launch(_mega_kernel, (rows * head_blocks,), D_NOPE=D_V, D_ROPE=D_QK - D_V,
-                       DOT_F32=platform.uses_triton_interpreter, **meta, **opts)
+                       DOT_F32=platform.uses_triton_interpreter,
+                       KV_FP8=kv_fp8_constexpr(platform, kv_fp8), **meta, **opts)
     return LaunchPlan(MEGA, rows, heads, topk, 1, topk, head_blocks, "triton", main)
 
 
-def plan_mega(rows: int, heads: int, topk: int) -> LaunchPlan:
-    """The memoised :class:`LaunchPlan` for ``q [rows, heads, 576]`` and ``indices [rows, topk]``."""
-    return _plan(current_platform(), rows, heads, topk)
+def plan_mega(rows: int, heads: int, topk: int, kv_fp8: bool = False) -> LaunchPlan:
+    """The memoised :class:`LaunchPlan` for ``q [rows, heads, 576]`` and ``indices [rows, topk]``
+    (``kv_fp8``: 656-byte FP8 kv tokens)."""
+    return _plan(current_platform(), rows, heads, topk, kv_fp8)
 
 
 def run_mega(plan: LaunchPlan, q, kv, indices, sm_scale: float):
@@ -74,7 +78,9 @@ def sparse_mla_mega(
 
     Args:
         q: ``[rows, H, 576]`` bf16/fp16, any ``H >= 1``; last dim contiguous.
-        kv: ``[pool_tokens, 576]`` same dtype (V = ``kv[:, :512]``); last dim contiguous.
+        kv: ``[pool_tokens, 576]`` same dtype (V = ``kv[:, :512]``), or 656-byte FP8 tokens
+            ``[pool_tokens, 656]`` uint8 in the platform's FP8 format
+            (``graphattn.common.kv_layout``); last dim contiguous.
         indices: ``[rows, topk]`` int32; −1 **or any value outside ``[0, pool_tokens)``** is
             skipped (never read); duplicates count each time.
         sm_scale: softmax scale applied to ``q·k``.
@@ -84,7 +90,7 @@ def sparse_mla_mega(
         no valid index gives out 0 and lse −inf.
     """
     checks.check_attention_inputs(PATH, q, kv, indices)
-    return run_mega(plan_mega(q.shape[0], q.shape[1], indices.shape[1]), q, kv, indices, sm_scale)
+    return run_mega(plan_mega(q.shape[0], q.shape[1], indices.shape[1], is_fp8_kv(kv)), q, kv, indices, sm_scale)
 
 
 @sparse_mla_mega.register_fake

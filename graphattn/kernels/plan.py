@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ..common.kv_layout import fp8_kernel_code
 from ..common.metadata import D_V
 from ..common.platform import current_platform
 
@@ -80,6 +81,12 @@ def path_config(path: str, rows: int, heads: int, topk: int) -> dict[str, Any]:
     assert not missing, f"kernel_config({path!r}) lacks {missing}: {cfg}"
     assert cfg["BLOCK_H"] >= MIN_BLOCK_H, f"BLOCK_H below {MIN_BLOCK_H} in {cfg}"
     return cfg if cfg.get("kernel") == "wgmma" else {**LOOP_DEFAULTS, **cfg}
+
+
+def kv_fp8_constexpr(platform: Any, kv_fp8: bool) -> int:
+    """The attention kernels' ``KV_FP8`` constexpr: 0 for kv in q's dtype, else the code of the
+    platform's FP8 format (``graphattn.common.kv_layout.FP8_KERNEL_CODES``) for 656-byte tokens."""
+    return fp8_kernel_code(platform.fp8_dtype) if kv_fp8 else 0
 
 
 def _target_programs(cfg: dict[str, Any]) -> int:

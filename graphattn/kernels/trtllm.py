@@ -19,12 +19,13 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.kv_layout import is_fp8_kv
 from ..common.metadata import D_QK, D_V
 from ..common.platform import Platform, current_platform
 from . import checks
 from ._core import LOG2E, _combine_splits, _split_program, _store_final, _store_partial
 from .launch import TRTLLM, LaunchPlan, make_launch, memoised
-from .plan import cdiv, empty_outputs, launch_parts, path_config, split_layout
+from .plan import cdiv, empty_outputs, kv_fp8_constexpr, launch_parts, path_config, split_layout
 
 PATH = TRTLLM.name
 
@@ -37,11 +38,12 @@ def _trtllm_kernel(
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
     DIRECT: tl.constexpr, DOT_F32: tl.constexpr, IDX_AHEAD: tl.constexpr, KV_MAJOR: tl.constexpr,
+    KV_FP8: tl.constexpr = 0,
 ):
     row, split, hb, h_offs, out, lse = _split_program(
         q_ptr, kv_ptr, idx_ptr, H, pool, topk, split_len, num_splits, qk_scale,
         stride_qr, stride_qh, stride_kv, stride_ir,
-        BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32, IDX_AHEAD, KV_MAJOR)
+        BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32, IDX_AHEAD, KV_MAJOR, KV_FP8)
     if DIRECT:
         # One split: nothing to combine and the counter is never touched.
         _store_final(out_ptr, lse_ptr, row, h_offs, H, out, lse, D_NOPE)
@@ -61,7 +63,7 @@ def _trtllm_kernel(
 
 
 @memoised
-def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int) -> LaunchPlan:
+def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, kv_fp8: bool = False) -> LaunchPlan:
     cfg = path_config(PATH, rows, heads, topk)
     # Only non-empty splits are launched, so the arrival count the kernel waits for is exactly
     # the number of programs per counter.
@@ -69,14 +71,15 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int) 
     meta, opts = launch_parts(cfg)
     head_blocks = cdiv(heads, meta["BLOCK_H"])
     main = make_launch(_trtllm_kernel, (rows * splits * head_blocks,), D_NOPE=D_V, D_ROPE=D_QK - D_V,
-                       DIRECT=splits == 1, DOT_F32=platform.uses_triton_interpreter, **meta, **opts)
+                       DIRECT=splits == 1, DOT_F32=platform.uses_triton_interpreter,
+                       KV_FP8=kv_fp8_constexpr(platform, kv_fp8), **meta, **opts)
     return LaunchPlan(TRTLLM, rows, heads, topk, splits, split_len, head_blocks, "triton", main)
 
 
-def plan_trtllm(rows: int, heads: int, topk: int, ws_splits: int) -> LaunchPlan:
+def plan_trtllm(rows: int, heads: int, topk: int, ws_splits: int, kv_fp8: bool = False) -> LaunchPlan:
     """The memoised :class:`LaunchPlan` for ``q [rows, heads, 576]`` and ``indices [rows, topk]``
-    with a workspace of ``ws_splits`` splits per row."""
-    return _plan(current_platform(), rows, heads, topk, ws_splits)
+    with a workspace of ``ws_splits`` splits per row (``kv_fp8``: 656-byte FP8 kv tokens)."""
+    return _plan(current_platform(), rows, heads, topk, ws_splits, kv_fp8)
 
 
 def run_trtllm(plan: LaunchPlan, q, kv, indices, sm_scale: float, counter, ws_out, ws_lse):
@@ -96,7 +99,7 @@ def run_trtllm(plan: LaunchPlan, q, kv, indices, sm_scale: float, counter, ws_ou
 def _check(q, kv, indices, counter, ws_out, ws_lse) -> LaunchPlan:
     checks.check_attention_inputs(PATH, q, kv, indices)
     checks.check_workspace(PATH, q, ws_out, ws_lse)
-    plan = plan_trtllm(q.shape[0], q.shape[1], indices.shape[1], ws_out.shape[1])
+    plan = plan_trtllm(q.shape[0], q.shape[1], indices.shape[1], ws_out.shape[1], is_fp8_kv(kv))
     checks.check_counter(PATH, q, counter, plan.head_blocks)
     return plan
 
@@ -112,7 +115,9 @@ def sparse_mla_trtllm(
 
     Args:
         q: ``[rows, H, 576]`` bf16/fp16, any ``H >= 1``; last dim contiguous.
-        kv: ``[pool_tokens, 576]`` same dtype (V = ``kv[:, :512]``); last dim contiguous.
+        kv: ``[pool_tokens, 576]`` same dtype (V = ``kv[:, :512]``), or 656-byte FP8 tokens
+            ``[pool_tokens, 656]`` uint8 in the platform's FP8 format
+            (``graphattn.common.kv_layout``); last dim contiguous.
         indices: ``[rows, topk]`` int32; −1 **or any value outside ``[0, pool_tokens)``** is
             skipped (never read); duplicates count each time.
         sm_scale: softmax scale applied to ``q·k``.
