@@ -28,14 +28,15 @@ def _dtype(name: str):
 
 
 # -- list ---------------------------------------------------------------------------------------
-def _backend_row(name: str, heads: int, topk: int, dtype, platform) -> dict:
+def _backend_row(name: str, heads: int, topk: int, dtype, platform, kv_dtype: str = "auto") -> dict:
     from .backends import get_backend_class
+    from .backends.base import kv_kwargs
 
     try:
         cls = get_backend_class(name)
     except Exception as exc:  # a broken third-party entry point must not hide the others
         return {"name": name, "available": False, "reasons": [f"cannot load: {type(exc).__name__}: {exc}"]}
-    reasons = cls.refusal_reasons(heads, dtype, topk, platform)
+    reasons = cls.refusal_reasons(heads, dtype, topk, platform, **kv_kwargs(kv_dtype))
     return {
         "name": name,
         "available": not reasons,
@@ -54,23 +55,24 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     platform = current_platform()
     dtype = args.dtype or default_dtype(platform)
-    rows = [_backend_row(n, args.heads, args.topk, dtype, platform) for n in backend_names()]
+    rows = [_backend_row(n, args.heads, args.topk, dtype, platform, args.kv_dtype) for n in backend_names()]
     if args.json:
         print(json.dumps({"platform": platform.describe(), "heads": args.heads, "topk": args.topk,
-                          "dtype": str(dtype), "backends": rows}, indent=2))
+                          "dtype": str(dtype), "kv_dtype": args.kv_dtype, "backends": rows}, indent=2))
         return 0
     info = platform.describe()
     print(f"platform: {info.pop('platform')} ({', '.join(f'{k}={v}' for k, v in info.items())})")
-    print(f"configuration checked: heads={args.heads} topk={args.topk} dtype={str(dtype).replace('torch.', '')}")
-    header = ("backend", "available", "graphs", "dtypes", "heads", "pads q", "counter", "workspace")
+    print(f"configuration checked: heads={args.heads} topk={args.topk} dtype={str(dtype).replace('torch.', '')} "
+          f"kv_dtype={args.kv_dtype}")
+    header = ("backend", "available", "graphs", "dtypes", "kv", "heads", "pads q", "counter", "workspace")
     table = [header]
     for r in rows:
         if "dtypes" not in r:
-            table.append((r["name"], "no", "-", "-", "-", "-", "-", "-"))
+            table.append((r["name"], "no", "-", "-", "-", "-", "-", "-", "-"))
             continue
         pads = f"to x{r['pad_multiple']}" if r["pads_q"] else "no"
         table.append((r["name"], "yes" if r["available"] else "no", r["graph_support"],
-                      ",".join(r["dtypes"]), r["heads"], pads,
+                      ",".join(r["dtypes"]), ",".join(r["kv_dtypes"]), r["heads"], pads,
                       "yes" if r["uses_counter"] else "no", "yes" if r["uses_workspace"] else "no"))
     widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
     for row in table:
@@ -98,6 +100,8 @@ def pytest_args(args: argparse.Namespace) -> list[str]:
         out += ["--conformance-shapes", args.shapes]
     if args.dtype:
         out += ["--conformance-dtype", str(args.dtype).replace("torch.", "")]
+    if getattr(args, "kv_dtype", "auto") != "auto":
+        out += ["--conformance-kv-dtype", args.kv_dtype]
     if args.junitxml:
         out += [f"--junitxml={os.path.abspath(args.junitxml)}", "-o", "junit_suite_name=graphattn-conformance"]
     if args.k:
@@ -147,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=int, default=128, help="head count to check (default 128)")
     p.add_argument("--topk", type=int, default=2048, help="top-k to check (default 2048)")
     p.add_argument("--dtype", type=_dtype, default=None, help="dtype to check (default per platform)")
+    p.add_argument("--kv-dtype", choices=("auto", "fp8"), default="auto",
+                   help="KV layout to check: auto (kv in q's dtype) or fp8 (656-byte FP8 tokens)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_list)
 
@@ -156,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--junitxml", metavar="PATH", help="write a JUnit XML report")
     p.add_argument("--shapes", choices=("small", "real"), help="shape set (default: real on GPU, small on CPU)")
     p.add_argument("--dtype", type=_dtype, default=None, help="q/kv dtype (default bf16 on GPU, fp16 on CPU)")
+    p.add_argument("--kv-dtype", choices=("auto", "fp8"), default="auto",
+                   help="KV layout: auto (kv in q's dtype) or fp8 (656-byte FP8 tokens)")
     p.add_argument("-k", metavar="EXPR", help="only cases matching this pytest -k expression")
     p.add_argument("-x", "--exitfirst", action="store_true", help="stop at the first failure")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per case")

@@ -21,6 +21,15 @@ from typing import ClassVar
 
 import torch
 
+from ..common.kv_layout import (
+    KV_AUTO,
+    KV_FP8,
+    TOKEN_BYTES,
+    check_fp8_kv,
+    dequantize_kv,
+    describe_kv_dtype,
+    kv_dtype_name,
+)
 from ..common.metadata import D_QK, D_V, GraphMetadata
 from ..common.platform import Platform, current_platform
 
@@ -39,6 +48,13 @@ class GraphSupport(enum.IntEnum):
     FULL = 2
 
 
+def kv_kwargs(kv_dtype: str) -> dict[str, str]:
+    """``{"kv_dtype": kv_dtype}`` for :meth:`AttentionBackend.refusal_reasons`, or ``{}`` for the
+    default ``"auto"``, so a backend that overrides it without a ``kv_dtype`` parameter (written
+    before FP8 KV) keeps working for the default layout."""
+    return {} if kv_dtype == KV_AUTO else {"kv_dtype": kv_dtype}
+
+
 def _round_up(x: int, multiple: int) -> int:
     return -(-x // multiple) * multiple
 
@@ -50,11 +66,15 @@ class AttentionBackend:
     ``q [rows, num_heads, 576]`` (``dtype``), ``kv [pool_tokens, 576]`` (``dtype``; V is its first
     512 columns), per-row ``indices [rows, topk]`` int32 into the pool with -1 = skip, gives
     ``out [rows, num_heads, 512]`` (``dtype``) and ``lse [rows, num_heads]`` float32 (natural log).
-    A row whose indices are all -1 gives ``out = 0``, ``lse = -inf``.
+    A row whose indices are all -1 gives ``out = 0``, ``lse = -inf``. With ``kv_dtype="fp8"``
+    kv is ``[pool_tokens, 656]`` uint8 instead: DeepSeek's 656-byte FP8 tokens
+    (:mod:`graphattn.common.kv_layout`), in the platform's FP8 format; q stays ``dtype``.
 
     Class data (subclasses override):
         name: the ``--attn-backend`` name.
-        supported_dtypes: q/kv dtypes the backend accepts.
+        supported_dtypes: q dtypes the backend accepts (and kv's, for ``kv_dtype="auto"``).
+        supported_kv_dtypes: KV-cache layouts it accepts: ``"auto"`` (kv in q's dtype) and/or
+            ``"fp8"`` (656-byte FP8 tokens).
         head_multiple: the head count must be a multiple of this (1 = any); a backend that pads
             accepts any count up to ``max_heads``.
         max_heads: largest head count accepted (``None`` = no limit).
@@ -71,6 +91,7 @@ class AttentionBackend:
 
     name: ClassVar[str] = "abstract"
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16)
+    supported_kv_dtypes: ClassVar[tuple[str, ...]] = (KV_AUTO,)
     head_multiple: ClassVar[int] = 1
     max_heads: ClassVar[int | None] = None
     pads_q: ClassVar[bool] = False
@@ -88,24 +109,29 @@ class AttentionBackend:
         dtype: torch.dtype,
         sm_scale: float | None = None,
         platform: Platform | None = None,
+        kv_dtype: str = KV_AUTO,
     ):
         """Configure the backend; raises ``ValueError`` listing every refusal reason.
 
         Args:
             num_heads: query heads per row (on this rank, after tensor parallelism).
             topk: indices per row (the sparse top-k; for dense decode, the max context length).
-            dtype: q and kv dtype.
+            dtype: q dtype (and kv's with ``kv_dtype="auto"``).
             sm_scale: softmax scale; default ``d_qk ** -0.5``.
             platform: defaults to ``current_platform()``.
+            kv_dtype: the KV-cache layout, ``"auto"`` (``[pool, 576]`` in ``dtype``) or ``"fp8"``
+                (``[pool, 656]`` uint8 FP8 tokens, :mod:`graphattn.common.kv_layout`).
         """
         self.platform = platform or current_platform()
-        reasons = self.refusal_reasons(num_heads, dtype, topk, self.platform)
+        kv_dtype = kv_dtype_name(kv_dtype)
+        reasons = self.refusal_reasons(num_heads, dtype, topk, self.platform, **kv_kwargs(kv_dtype))
         if reasons:
             raise ValueError(
                 f"attention backend '{self.name}' refuses num_heads={num_heads}, topk={topk}, "
-                f"dtype={dtype} on platform '{self.platform.name}': " + "; ".join(reasons)
+                f"dtype={dtype}, kv_dtype={kv_dtype} on platform '{self.platform.name}': " + "; ".join(reasons)
             )
         self.num_heads, self.topk, self.dtype = int(num_heads), int(topk), dtype
+        self.kv_dtype = kv_dtype
         self.sm_scale = float(sm_scale) if sm_scale is not None else D_QK**-0.5
 
     # -- capabilities --------------------------------------------------------------------------
@@ -116,10 +142,12 @@ class AttentionBackend:
         dtype: torch.dtype,
         topk: int,
         platform: Platform | None = None,
+        kv_dtype: str = KV_AUTO,
     ) -> list[str]:
         """Every reason this backend cannot run the configuration here; ``[]`` means it can.
 
         Reads only class data and the platform, so it is cheap and allocates nothing.
+        ``kv_dtype``: the KV-cache layout (``"auto"`` or ``"fp8"``).
         """
         platform = platform or current_platform()
         reasons = []
@@ -128,6 +156,14 @@ class AttentionBackend:
         if dtype not in cls.supported_dtypes:
             names = [str(d).replace("torch.", "") for d in cls.supported_dtypes]
             reasons.append(f"dtype {str(dtype).replace('torch.', '')} not in supported {names}")
+        try:
+            kv = kv_dtype_name(kv_dtype)
+        except ValueError as exc:
+            reasons.append(str(exc))
+        else:
+            if kv not in cls.supported_kv_dtypes:
+                reasons.append(f"kv_dtype {describe_kv_dtype(kv)} not in supported KV layouts "
+                               f"{list(cls.supported_kv_dtypes)}")
         if num_heads < 1 or num_heads % cls.head_multiple:
             reasons.append(f"num_heads={num_heads} is not a positive multiple of {cls.head_multiple}")
         if cls.max_heads is not None and num_heads > cls.max_heads:
@@ -164,6 +200,7 @@ class AttentionBackend:
             heads += f", <= {cls.max_heads}"
         return {
             "dtypes": [str(d).replace("torch.", "") for d in cls.supported_dtypes],
+            "kv_dtypes": list(cls.supported_kv_dtypes),
             "heads": heads,
             "pads_q": cls.pads_q,
             "pad_multiple": platform.head_pad_multiple if cls.pads_q else None,
@@ -225,23 +262,41 @@ class AttentionBackend:
         raise NotImplementedError
 
     def check_inputs(self, q: torch.Tensor, kv: torch.Tensor) -> None:
-        """Raise ``ValueError`` unless ``q [rows, num_heads, 576]`` and ``kv [pool, 576]`` have
-        this backend's dtype. Reads only Python attributes, so it is free inside a capture."""
+        """Raise ``ValueError`` unless ``q [rows, num_heads, 576]`` has this backend's dtype and
+        kv its layout: ``[pool, 576]`` in that dtype, or ``[pool, 656]`` uint8 with
+        ``kv_dtype="fp8"``. Reads only Python attributes, so it is free inside a capture."""
         expected = (self.num_heads, D_QK)
         if q.dim() != 3 or tuple(q.shape[1:]) != expected or q.dtype != self.dtype:
             raise ValueError(
                 f"{self.name}: expected q [rows, {expected[0]}, {expected[1]}] {self.dtype}, "
                 f"got {tuple(q.shape)} {q.dtype}"
             )
-        if kv.dim() != 2 or kv.shape[1] != D_QK or kv.dtype != self.dtype:
+        width, kv_dt = (TOKEN_BYTES, torch.uint8) if self.kv_fp8 else (D_QK, self.dtype)
+        if kv.dim() != 2 or kv.shape[1] != width or kv.dtype != kv_dt:
             raise ValueError(
-                f"{self.name}: expected kv [pool, {D_QK}] {self.dtype}, got {tuple(kv.shape)} {kv.dtype}"
+                f"{self.name}: expected kv [pool, {width}] {kv_dt} (kv_dtype={self.kv_dtype}), got "
+                f"{tuple(kv.shape)} {kv.dtype}; the backend was made for kv_dtype={self.kv_dtype!r}"
             )
+        if self.kv_fp8:
+            check_fp8_kv(self.name, kv)
+
+    @property
+    def kv_fp8(self) -> bool:
+        """True when kv is passed as 656-byte FP8 tokens (``kv_dtype="fp8"``)."""
+        return self.kv_dtype == KV_FP8
+
+    def kv_rows_float(self, rows: torch.Tensor) -> torch.Tensor:
+        """Gathered kv rows ``[..., 576]`` (q's dtype) or ``[..., 656]`` uint8 (FP8 tokens,
+        dequantised in the platform's format) as float32 ``[..., 576]``. Capturable."""
+        if self.kv_fp8:
+            return dequantize_kv(rows, self.platform.fp8_dtype, torch.float32)
+        return rows.float()
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(name={self.name!r}, num_heads={self.num_heads}, "
-            f"topk={self.topk}, dtype={self.dtype}, platform={self.platform.name})"
+            f"topk={self.topk}, dtype={self.dtype}, kv_dtype={self.kv_dtype!r}, "
+            f"platform={self.platform.name})"
         )
 
 

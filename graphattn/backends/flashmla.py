@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.kv_layout import KV_AUTO, KV_FP8
 from ..common.metadata import GraphMetadata
 from ..kernels.launch import FLASHMLA, LaunchPlan
 from ._triton import TritonBackend, direct_plan
@@ -23,12 +24,14 @@ class FlashMLABackend(TritonBackend):
 
     name = "flashmla"
     supported_dtypes = (torch.bfloat16, torch.float16)
+    supported_kv_dtypes = (KV_AUTO, KV_FP8)  # FP8 tokens: Triton tiles (not yet the Gluon kernel)
     kernel_spec = FLASHMLA
     graph_support = GraphSupport.FULL
     description = "FlashMLA-style: q padded to 64 heads, split-KV workspace + combine kernel"
 
     def _build_plan(self, rows: int, aligned: bool, ws_splits: int) -> LaunchPlan:
-        return self._module.plan_flashmla(rows, self._kernel_heads, self.topk, ws_splits, aligned)
+        return self._module.plan_flashmla(rows, self._kernel_heads, self.topk, ws_splits, aligned,
+                                          self.kv_fp8)
 
     def forward(
         self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.kv_layout import KV_AUTO, KV_FP8
 from ..common.metadata import GraphMetadata
 from ..kernels.launch import MEGA, LaunchPlan
 from ._triton import TritonBackend, direct_plan
@@ -20,12 +21,13 @@ class FlashMLAMegaBackend(TritonBackend):
 
     name = "flashmla_mega"
     supported_dtypes = (torch.bfloat16, torch.float16)
+    supported_kv_dtypes = (KV_AUTO, KV_FP8)
     kernel_spec = MEGA
     graph_support = GraphSupport.FULL
     description = "single pass per (row, head block): no padding, counter or workspace"
 
     def _build_plan(self, rows: int, aligned: bool, ws_splits: int) -> LaunchPlan:
-        return self._module.plan_mega(rows, self.num_heads, self.topk)
+        return self._module.plan_mega(rows, self.num_heads, self.topk, self.kv_fp8)
 
     def forward(
         self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata

@@ -23,8 +23,9 @@ from typing import Union
 
 import torch
 
+from ..common.kv_layout import KV_AUTO
 from ..common.platform import Platform, current_platform
-from .base import AttentionBackend
+from .base import AttentionBackend, kv_kwargs
 
 logger = logging.getLogger(__name__)
 
@@ -136,14 +137,16 @@ def get_backend_class(name: str) -> type[AttentionBackend]:
 
 
 def refusal_reasons(
-    name: str, num_heads: int, dtype: torch.dtype, topk: int, platform: Platform | None = None
+    name: str, num_heads: int, dtype: torch.dtype, topk: int, platform: Platform | None = None,
+    kv_dtype: str = KV_AUTO,
 ) -> list[str]:
-    """Why backend ``name`` cannot run this configuration here (``[]``: it can)."""
+    """Why backend ``name`` cannot run this configuration (KV layout ``kv_dtype``) here
+    (``[]``: it can)."""
     try:
         cls = get_backend_class(name)
     except (ImportError, AttributeError) as exc:
         return [f"cannot import: {type(exc).__name__}: {exc}"]
-    return cls.refusal_reasons(num_heads, dtype, topk, platform)
+    return cls.refusal_reasons(num_heads, dtype, topk, platform, **kv_kwargs(kv_dtype))
 
 
 def available_backends(
@@ -151,15 +154,17 @@ def available_backends(
     dtype: torch.dtype | None = None,
     topk: int = 2048,
     platform: Platform | None = None,
+    kv_dtype: str = KV_AUTO,
 ) -> list[str]:
-    """Registered names that can run the configuration on ``platform`` (default: here).
+    """Registered names that can run the configuration (KV layout ``kv_dtype``) on
+    ``platform`` (default: here).
 
     ``dtype`` defaults to bfloat16 on a GPU and float16 on the CPU (the Triton interpreter's
     bf16 ``tl.dot`` is broken in triton 3.9).
     """
     platform = platform or current_platform()
     dtype = dtype or default_dtype(platform)
-    return [n for n in backend_names() if not refusal_reasons(n, num_heads, dtype, topk, platform)]
+    return [n for n in backend_names() if not refusal_reasons(n, num_heads, dtype, topk, platform, kv_dtype)]
 
 
 def default_dtype(platform: Platform | None = None) -> torch.dtype:
@@ -190,8 +195,10 @@ def resolve_backend(
     dtype: torch.dtype,
     topk: int,
     platform: Platform | None = None,
+    kv_dtype: str = KV_AUTO,
 ) -> type[AttentionBackend]:
-    """The backend class to use for ``--attn-backend name`` (``None`` or ``"auto"``: choose).
+    """The backend class to use for ``--attn-backend name`` (``None`` or ``"auto"``: choose)
+    with KV layout ``kv_dtype`` (``"auto"`` or ``"fp8"``).
 
     An explicit name never falls back: if it cannot run the configuration the error lists why.
 
@@ -203,25 +210,25 @@ def resolve_backend(
     name = (name or AUTO).strip()
     if name != AUTO:
         cls = get_backend_class(name)
-        reasons = cls.refusal_reasons(num_heads, dtype, topk, platform)
+        reasons = cls.refusal_reasons(num_heads, dtype, topk, platform, **kv_kwargs(kv_dtype))
         if reasons:
             raise ValueError(
                 f"attention backend '{name}' cannot run num_heads={num_heads}, topk={topk}, "
-                f"dtype={dtype} on platform '{platform.name}': " + "; ".join(reasons)
+                f"dtype={dtype}, kv_dtype={kv_dtype} on platform '{platform.name}': " + "; ".join(reasons)
                 + f". Pick another with --attn-backend (or '{AUTO}'); see `graphattn list`."
             )
         return cls
     skipped = {}
     for candidate in auto_order(num_heads, platform):
-        reasons = refusal_reasons(candidate, num_heads, dtype, topk, platform)
+        reasons = refusal_reasons(candidate, num_heads, dtype, topk, platform, kv_dtype)
         if not reasons:
             if skipped:
                 logger.info("auto attention backend: chose %s, skipped %s", candidate, skipped)
             return get_backend_class(candidate)
         skipped[candidate] = reasons
     raise RuntimeError(
-        f"no attention backend can run num_heads={num_heads}, topk={topk}, dtype={dtype} on "
-        f"platform '{platform.name}': {skipped}"
+        f"no attention backend can run num_heads={num_heads}, topk={topk}, dtype={dtype}, "
+        f"kv_dtype={kv_dtype} on platform '{platform.name}': {skipped}"
     )
 
 

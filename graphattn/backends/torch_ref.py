@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import torch
 
+from ..common.kv_layout import KV_AUTO, KV_FP8
 from ..common.metadata import D_QK, D_V, GraphMetadata
 from .base import AttentionBackend, GraphSupport
 
@@ -24,6 +25,7 @@ class TorchBackend(AttentionBackend):
 
     name: ClassVar[str] = "torch"
     supported_dtypes = (torch.bfloat16, torch.float16, torch.float32)
+    supported_kv_dtypes = (KV_AUTO, KV_FP8)  # FP8 tokens are dequantised after the gather
     graph_support = GraphSupport.FULL
     description = "float32 PyTorch reference (any platform, capturable, slow)"
 
@@ -55,7 +57,8 @@ class TorchBackend(AttentionBackend):
         pool = kv.shape[0]
         idx = indices.long()
         valid = (idx >= 0) & (idx < pool)  # [n, topk]
-        k = kv[idx.clamp(0, pool - 1)].float()  # [n, topk, 576]
+        # [n, topk, 576] f32; skipped indices read as zeros (never NaN from the pool)
+        k = self.kv_rows_float(kv[idx.clamp(0, pool - 1)]).masked_fill(~valid[..., None], 0.0)
         s = torch.einsum("nhd,ntd->nht", q.float(), k) * self.sm_scale
         s = s.masked_fill(~valid[:, None, :], float("-inf"))
         lse = torch.logsumexp(s, dim=-1)  # [n, H]; -inf for a row with no valid index

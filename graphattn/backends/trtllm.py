@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.kv_layout import KV_AUTO, KV_FP8
 from ..common.metadata import GraphMetadata
 from ..kernels.launch import TRTLLM, LaunchPlan
 from ._triton import TritonBackend, direct_plan
@@ -22,12 +23,13 @@ class TrtllmBackend(TritonBackend):
 
     name = "trtllm"
     supported_dtypes = (torch.bfloat16, torch.float16)
+    supported_kv_dtypes = (KV_AUTO, KV_FP8)
     kernel_spec = TRTLLM
     graph_support = GraphSupport.FULL
     description = "TRT-LLM-style: any heads, multi-CTA split-KV, last CTA combines (one launch)"
 
     def _build_plan(self, rows: int, aligned: bool, ws_splits: int) -> LaunchPlan:
-        return self._module.plan_trtllm(rows, self.num_heads, self.topk, ws_splits)
+        return self._module.plan_trtllm(rows, self.num_heads, self.topk, ws_splits, self.kv_fp8)
 
     def forward(
         self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata

@@ -20,6 +20,8 @@ from typing import Any, Callable
 import torch
 
 from ..backends import add_attn_backend_arg, resolve_backend
+from ..backends.base import kv_kwargs
+from ..common.kv_layout import resolve_kv_dtype
 from ..common.platform import Platform, current_platform
 from ..common.reference import sparse_mla_reference
 from ..common.tolerances import tolerance
@@ -158,10 +160,11 @@ class ModeBench:
         qs = self.wl.make_q(rows, self.platform.device, gen)
         indices = self._indices(rows, self.wl.seed + 2000 + rows)
         outs = self.run(qs, indices)
-        tol, n, worst = tolerance(self.wl.dtype), min(rows, CHECK_ROWS), 0.0
+        tol, n, worst = tolerance(self.wl.dtype, self.wl.kv_dtype), min(rows, CHECK_ROWS), 0.0
         ok = True
         for layer in sorted({0, len(qs) - 1}):
-            ref, _ = sparse_mla_reference(qs[layer][:n], self.kv[layer], indices[:n], self.backend.sm_scale)
+            ref, _ = sparse_mla_reference(qs[layer][:n], self.kv[layer], indices[:n], self.backend.sm_scale,
+                                          fp8_dtype=self.platform.fp8_dtype)  # FP8: the dequantised cache
             got = outs[layer][:n].double()
             err = (got - ref).abs()
             ok &= bool((err <= tol.atol + tol.rtol * ref.abs()).all())
@@ -190,8 +193,8 @@ def run_bench(wl: DecodeWorkload, backend_name: str, modes: tuple[str, ...], ite
               platform: Platform | None = None) -> dict[str, Any]:
     """Run the benchmark; returns the report (see ``--json``)."""
     platform = platform or current_platform()
-    cls = resolve_backend(backend_name, wl.num_heads, wl.dtype, wl.topk, platform)
-    backend = cls(wl.num_heads, wl.topk, wl.dtype, platform=platform)
+    cls = resolve_backend(backend_name, wl.num_heads, wl.dtype, wl.topk, platform, wl.kv_dtype)
+    backend = cls(wl.num_heads, wl.topk, wl.dtype, platform=platform, **kv_kwargs(wl.kv_dtype))
     peaks = peaks or platform_peaks(platform, wl.dtype)
     progress(f"backend {cls.name} on {platform.name}; {wl.as_dict()}")
     for note in cls.notes(platform):
@@ -231,6 +234,7 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [
         f"backend {report['backend']} (requested {report['requested']}) on {report['platform']['platform']}; "
         f"heads={wl['num_heads']} topk={wl['topk']} pool={wl['pool_tokens']} dtype={wl['dtype']} "
+        f"kv_dtype={wl.get('kv_dtype', 'auto')} "
         f"layers={wl['num_layers']} (measured {wl['measure_layers']}, per step = per layer x {wl['num_layers']})",
         f"roofline floor = max(bytes / {peaks['bytes_per_s']:.3g} B/s, flops / {peaks['flop_per_s']:.3g} "
         f"flop/s) [{peaks['source']}]",
@@ -301,6 +305,9 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--layers", type=int, help="model layers (GPU default 61)")
     g.add_argument("--measure-layers", type=int, help="layers materialised and timed (GPU default 4)")
     g.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), help="q/kv dtype")
+    g.add_argument("--kv-dtype", choices=("auto", "bf16", "fp16", "fp8"), default="auto",
+                   help="KV cache: auto or bf16/fp16 (q's dtype, [pool, 576]) or fp8 (656-byte FP8 "
+                   "tokens; bytes counted at 656 per token)")
     g.add_argument("--seed", type=int, default=0, help="RNG seed")
     r = parser.add_argument_group("run")
     r.add_argument("--modes", type=_modes, default=MODES, help="comma-separated subset of eager,full,breakable")
@@ -318,11 +325,16 @@ def workload_from_args(args: argparse.Namespace, platform: Platform) -> DecodeWo
     base = DecodeWorkload.default_for(platform)
     layers = args.layers or base.num_layers
     measure = args.measure_layers or min(base.measure_layers, layers)
+    kv_arg = getattr(args, "kv_dtype", "auto")
+    # --kv-dtype bf16/fp16 names the model dtype (a plain cache is in q's dtype): it sets q's
+    # dtype unless --dtype does (then they must agree).
+    dtype_name = args.dtype or {"bf16": "bfloat16", "fp16": "float16"}.get(kv_arg)
+    dtype = getattr(torch, dtype_name) if dtype_name else base.dtype
     return DecodeWorkload(
         num_heads=args.heads or base.num_heads, topk=args.topk or base.topk,
         pool_tokens=args.pool_tokens or max(base.pool_tokens, args.topk or 0),
         batch_sizes=args.batch_sizes or base.batch_sizes, num_layers=layers, measure_layers=measure,
-        dtype=getattr(torch, args.dtype) if args.dtype else base.dtype, seed=args.seed,
+        dtype=dtype, seed=args.seed, kv_dtype=resolve_kv_dtype(kv_arg, dtype),
     )
 
 

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from ..common.kv_layout import KV_AUTO, KV_FP8, TOKEN_BYTES, kv_dtype_name, quantize_kv
 from ..common.metadata import D_QK, D_V
 from ..common.platform import Platform
 
@@ -25,10 +26,12 @@ H200_BYTES_PER_S = 4.2e12
 H200_FLOP_PER_S = 790e12
 
 
-def attention_bytes(rows: int, heads: int, topk: int, elt: int = 2) -> int:
+def attention_bytes(rows: int, heads: int, topk: int, elt: int = 2, kv_token_bytes: int | None = None) -> int:
     """Bytes one sparse-MLA call must move: each row's top-k KV rows read once for all heads,
-    q in and out back, real heads only (padding is not useful work); ``elt`` bytes per value."""
-    return rows * (topk * D_QK + heads * D_QK + heads * D_V) * elt
+    q in and out back, real heads only (padding is not useful work); ``elt`` bytes per q/out
+    value, ``kv_token_bytes`` per KV token (default ``576 * elt``; 656 for FP8 tokens)."""
+    kv_token = kv_token_bytes if kv_token_bytes is not None else D_QK * elt
+    return rows * (topk * kv_token + heads * (D_QK + D_V) * elt)
 
 
 def attention_flops(rows: int, heads: int, topk: int) -> float:
@@ -47,7 +50,9 @@ class DecodeWorkload:
         batch_sizes: rows per step to measure (each is a graph bucket).
         num_layers: layers of the model (per-step figures = per layer x this).
         measure_layers: layers actually materialised and timed.
-        dtype: q/kv dtype.
+        dtype: q dtype (and kv's with ``kv_dtype="auto"``).
+        kv_dtype: KV layout: ``"auto"`` (``[pool, 576]`` in ``dtype``) or ``"fp8"`` (656-byte
+            FP8 tokens, in the platform's format).
         seed: RNG seed of the synthetic data.
     """
 
@@ -59,9 +64,14 @@ class DecodeWorkload:
     measure_layers: int = 4
     dtype: torch.dtype = field(default=torch.bfloat16)
     seed: int = 0
+    kv_dtype: str = KV_AUTO
 
     def __post_init__(self) -> None:
         problems = []
+        try:
+            kv_dtype_name(self.kv_dtype)
+        except ValueError as exc:
+            problems.append(str(exc))
         if self.num_heads < 1 or self.topk < 1:
             problems.append(f"heads and topk must be >= 1 (got {self.num_heads}, {self.topk})")
         if self.pool_tokens < self.topk:
@@ -96,7 +106,11 @@ class DecodeWorkload:
 
     # -- inputs -------------------------------------------------------------------------------
     def make_kv(self, device: torch.device, generator: torch.Generator) -> list[torch.Tensor]:
-        """``measure_layers`` KV pools, each ``[pool_tokens, 576]`` of ``dtype``."""
+        """``measure_layers`` KV pools, each ``[pool_tokens, 576]`` of ``dtype``, or with
+        ``kv_dtype="fp8"`` ``[pool_tokens, 656]`` uint8 FP8 tokens (random values quantised)."""
+        if kv_dtype_name(self.kv_dtype) == KV_FP8:
+            return [quantize_kv(_randn((self.pool_tokens, D_QK), torch.float32, device, generator))
+                    for _ in range(self.measure_layers)]
         return [_randn((self.pool_tokens, D_QK), self.dtype, device, generator) for _ in range(self.measure_layers)]
 
     def make_q(self, rows: int, device: torch.device, generator: torch.Generator) -> list[torch.Tensor]:
@@ -111,9 +125,10 @@ class DecodeWorkload:
 
     # -- cost model ----------------------------------------------------------------------------
     def bytes_per_layer(self, rows: int) -> int:
-        """Bytes one layer must move (:func:`attention_bytes`)."""
+        """Bytes one layer must move (:func:`attention_bytes`; 656 per KV token with FP8)."""
         elt = torch.empty((), dtype=self.dtype).element_size()
-        return attention_bytes(rows, self.num_heads, self.topk, elt)
+        kv_token = TOKEN_BYTES if kv_dtype_name(self.kv_dtype) == KV_FP8 else None
+        return attention_bytes(rows, self.num_heads, self.topk, elt, kv_token)
 
     def flops_per_layer(self, rows: int) -> float:
         """Flops of one layer (:func:`attention_flops`)."""

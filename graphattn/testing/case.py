@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from ..backends.base import AttentionBackend
-from ..common.metadata import D_QK, GraphMetadata
+from ..common.kv_layout import KV_AUTO, quantize_kv
+from ..common.metadata import D_QK, D_V, GraphMetadata
 from ..common.platform import Platform
 from ..common.reference import sparse_mla_reference
 from ..common.tolerances import tolerance
@@ -21,7 +22,8 @@ SENTINEL = 0xA5  # byte value victims are filled with
 
 @dataclass
 class CaseContext:
-    """Everything one case needs: the backend instance, spec, shapes, data generator."""
+    """Everything one case needs: the backend instance, spec, shapes, data generator, and
+    the KV layout (``kv_dtype``: ``"auto"`` or ``"fp8"``, 656-byte FP8 tokens)."""
 
     backend: AttentionBackend
     spec: BatchSpec
@@ -29,11 +31,13 @@ class CaseContext:
     mode: str
     platform: Platform
     generator: torch.Generator
+    kv_dtype: str = KV_AUTO
 
     @property
     def label(self) -> str:
         """``backend 'NAME' [spec/mode]``: the prefix of every failure message."""
-        return f"backend '{self.backend.name}' [{self.spec.name}/{self.mode}, {self.backend.dtype}]"
+        kv = "" if self.kv_dtype == KV_AUTO else f", kv {self.kv_dtype}"
+        return f"backend '{self.backend.name}' [{self.spec.name}/{self.mode}, {self.backend.dtype}{kv}]"
 
     def randn(self, *shape: int, std: float = 1.0) -> torch.Tensor:
         t = torch.randn(*shape, generator=self.generator, dtype=torch.float32) * std
@@ -43,23 +47,33 @@ class CaseContext:
         """``q [rows, num_heads, 576]`` at the suite's logit scale (:data:`specs.Q_STD`)."""
         return self.randn(rows, self.spec.num_heads, D_QK, std=Q_STD)
 
+    def kv_cache(self) -> torch.Tensor:
+        """The KV pool in the case's layout: ``[pool_tokens, 576]`` in the backend's dtype, or
+        ``[pool_tokens, 656]`` uint8 FP8 tokens (random values quantised in the platform's format)."""
+        if self.kv_dtype == KV_AUTO:
+            return self.randn(self.shape.pool_tokens, D_QK)
+        kv = torch.randn(self.shape.pool_tokens, D_QK, generator=self.generator, dtype=torch.float32)
+        return quantize_kv(kv, self.platform.fp8_dtype).to(self.platform.device)
+
     def indices(self, rows: int) -> torch.Tensor:
         return make_indices(self.spec, rows, self.shape.pool_tokens, self.generator, self.platform.device)
 
 
 def assert_matches_reference(ctx: CaseContext, step: int, q, kv, indices, out, lse) -> None:
-    """Compare ``out``/``lse`` with the float64 reference at the dtype's tolerance."""
+    """Compare ``out``/``lse`` with the float64 reference at the dtype's tolerance (FP8 kv:
+    against the reference of the dequantised cache, at the FP8 tolerance)."""
     rows, heads = q.shape[0], q.shape[1]
     where = f"{ctx.label} step {step} ({rows} rows)"
-    expected_out = (rows, heads, kv.shape[1] - (D_QK - 512))
+    expected_out = (rows, heads, D_V)
     assert tuple(out.shape) == expected_out and out.dtype == q.dtype, (
         f"{where}: expected out {expected_out} {q.dtype}, got {tuple(out.shape)} {out.dtype}"
     )
     assert tuple(lse.shape) == (rows, heads) and lse.dtype == torch.float32, (
         f"{where}: expected lse {(rows, heads)} float32, got {tuple(lse.shape)} {lse.dtype}"
     )
-    ref_out, ref_lse = sparse_mla_reference(q, kv, indices, ctx.backend.sm_scale)
-    tol = tolerance(q.dtype)
+    ref_out, ref_lse = sparse_mla_reference(q, kv, indices, ctx.backend.sm_scale,
+                                            fp8_dtype=ctx.platform.fp8_dtype)
+    tol = tolerance(q.dtype, ctx.kv_dtype)
     checks = (("out", out, ref_out, tol.atol, tol.rtol), ("lse", lse, ref_lse, tol.lse_atol, tol.lse_rtol))
     for name, got, ref, atol, rtol in checks:
         torch.testing.assert_close(

@@ -22,8 +22,8 @@ import zlib
 
 import torch
 
-from ..backends.base import AttentionBackend, GraphSupport
-from ..common.metadata import D_QK
+from ..backends.base import AttentionBackend, GraphSupport, kv_kwargs
+from ..common.kv_layout import KV_AUTO
 from ..common.platform import Platform, current_platform
 from .case import CaseContext, assert_matches_reference, check_counter_clean
 from .graph_checks import run_graph_case
@@ -43,10 +43,10 @@ def pick_dtype(cls: type[AttentionBackend], platform: Platform, requested: torch
 
 
 def skip_reason(cls: type[AttentionBackend], spec: BatchSpec, mode: str, dtype: torch.dtype,
-                platform: Platform | None = None) -> str | None:
+                platform: Platform | None = None, kv_dtype: str = KV_AUTO) -> str | None:
     """Why this case cannot run here (``None``: it can). Used for pytest skip markers."""
     platform = platform or current_platform()
-    reasons = cls.refusal_reasons(spec.num_heads, dtype, spec.topk, platform)
+    reasons = cls.refusal_reasons(spec.num_heads, dtype, spec.topk, platform, **kv_kwargs(kv_dtype))
     if reasons:
         return f"backend '{cls.name}' refuses this configuration: " + "; ".join(reasons)
     if mode == "full" and cls.graph_support < GraphSupport.FULL:
@@ -64,6 +64,7 @@ def check_case(
     dtype: torch.dtype | None = None,
     platform: Platform | None = None,
     sanitize: bool = True,
+    kv_dtype: str = KV_AUTO,
 ) -> None:
     """Run one conformance case; raises ``AssertionError`` (or a ``GraphSafetyError``) on failure.
 
@@ -73,6 +74,8 @@ def check_case(
         mode: ``eager``, ``full`` or ``breakable``.
         dtype: q/kv dtype (default: :func:`pick_dtype`).
         sanitize: replay through the capture sanitizer (graph modes).
+        kv_dtype: the KV layout: ``"auto"`` (kv in q's dtype) or ``"fp8"`` (656-byte FP8 tokens,
+            checked against the reference of the dequantised cache at the FP8 tolerance).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -80,9 +83,9 @@ def check_case(
     dtype = pick_dtype(cls, platform, dtype)
     seed = zlib.crc32(f"{spec.name}/{mode}/{shape.name}".encode())
     ctx = CaseContext(
-        backend=cls(spec.num_heads, spec.topk, dtype, platform=platform),
+        backend=cls(spec.num_heads, spec.topk, dtype, platform=platform, **kv_kwargs(kv_dtype)),
         spec=spec, shape=shape, mode=mode, platform=platform,
-        generator=torch.Generator().manual_seed(seed),
+        generator=torch.Generator().manual_seed(seed), kv_dtype=kv_dtype,
     )
     try:
         if mode == "eager":
@@ -98,7 +101,7 @@ def check_case(
 def _run_eager(ctx: CaseContext) -> None:
     backend, spec = ctx.backend, ctx.spec
     metadata = backend.make_metadata(spec.max_rows)
-    kv = ctx.randn(ctx.shape.pool_tokens, D_QK)
+    kv = ctx.kv_cache()  # [pool, 576] or [pool, 656] uint8 FP8 tokens
     for step, rows in enumerate(spec.steps):
         q = ctx.query(rows)
         indices = ctx.indices(rows)

@@ -21,7 +21,7 @@ def run_graph_case(ctx: CaseContext, sanitize: bool = True) -> None:
     max_bucket = max(ctx.shape.buckets)
     # Reserve in query rows for the largest bucket AND the largest eager chunk, before capture.
     metadata = backend.make_metadata(max(max_bucket, spec.max_rows))
-    kv = ctx.randn(ctx.shape.pool_tokens, D_QK)
+    kv = ctx.kv_cache()  # [pool, 576] or [pool, 656] uint8 FP8 tokens
     attention = eager_on_graph(backend.forward)  # a break in breakable mode, inline in full
 
     def step(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

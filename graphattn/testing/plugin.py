@@ -11,6 +11,9 @@ Options:
     --conformance-shapes  ``small`` (CPU sizes) or ``real`` (GPU sizes); default by platform.
     --conformance-dtype   ``float16``, ``bfloat16`` or ``float32``; default bf16 on a GPU and
                           fp16 under the Triton interpreter.
+    --conformance-kv-dtype  ``auto`` (kv in q's dtype, the default) or ``fp8`` (656-byte FP8
+                          tokens, against the reference of the dequantised cache; backends
+                          that do not take the layout are skipped with their reason).
 """
 
 from __future__ import annotations
@@ -33,17 +36,20 @@ class ConformanceCase:
     mode: str
     shape: Any  # graphattn.testing.specs.SuiteShape
     dtype: Any  # torch.dtype or None (pick_dtype decides)
+    kv_dtype: str = "auto"  # the KV layout: "auto" or "fp8"
 
     @property
     def id(self) -> str:
-        return f"{self.backend}-{self.spec.name}-{self.mode}"
+        kv = "" if self.kv_dtype == "auto" else f"-kv_{self.kv_dtype}"
+        return f"{self.backend}-{self.spec.name}-{self.mode}{kv}"
 
     def run(self) -> None:
         """Run the case (see :func:`graphattn.testing.checks.check_case`)."""
         from ..backends import get_backend_class
         from .checks import check_case
 
-        check_case(get_backend_class(self.backend), self.spec, self.mode, self.shape, self.dtype)
+        check_case(get_backend_class(self.backend), self.spec, self.mode, self.shape, self.dtype,
+                   kv_dtype=self.kv_dtype)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -60,6 +66,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--conformance-dtype", dest="graphattn_dtype", choices=_DTYPES, default=None,
         help="q/kv dtype of the conformance suite (default: bfloat16 on GPU, float16 on CPU)",
+    )
+    _add_kv_dtype_option(group)
+
+
+def _add_kv_dtype_option(group: Any) -> None:
+    group.addoption(
+        "--conformance-kv-dtype", dest="graphattn_kv_dtype", choices=("auto", "fp8"), default="auto",
+        help="KV-cache layout of the conformance suite: auto (kv in q's dtype) or fp8 (656-byte "
+        "FP8 tokens, checked against the reference of the dequantised cache)",
     )
 
 
@@ -86,8 +101,10 @@ def selected_backends(option_values: list[str] | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def conformance_params(backends: list[str], shape_name: str | None = None, dtype_name: str | None = None) -> list:
-    """``pytest.param`` objects for backends x specs x modes, with skip marks and readable ids."""
+def conformance_params(backends: list[str], shape_name: str | None = None, dtype_name: str | None = None,
+                       kv_dtype: str = "auto") -> list:
+    """``pytest.param`` objects for backends x specs x modes, with skip marks and readable ids
+    (``kv_dtype``: the KV layout every case passes, ``"auto"`` or ``"fp8"``)."""
     import torch
 
     from ..backends import get_backend_class
@@ -104,8 +121,8 @@ def conformance_params(backends: list[str], shape_name: str | None = None, dtype
         dtype = pick_dtype(cls, platform, requested)
         for spec in shape.specs:
             for mode in MODES:
-                case = ConformanceCase(name, spec, mode, shape, dtype)
-                reason = skip_reason(cls, spec, mode, dtype, platform)
+                case = ConformanceCase(name, spec, mode, shape, dtype, kv_dtype)
+                reason = skip_reason(cls, spec, mode, dtype, platform, kv_dtype)
                 marks = [pytest.mark.graphattn_conformance]
                 if reason:
                     marks.append(pytest.mark.skip(reason=reason))
@@ -118,4 +135,5 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     opt = metafunc.config.getoption
     backends = selected_backends(opt("graphattn_backends"))
-    metafunc.parametrize(CASE_ARG, conformance_params(backends, opt("graphattn_shapes"), opt("graphattn_dtype")))
+    params = conformance_params(backends, opt("graphattn_shapes"), opt("graphattn_dtype"), opt("graphattn_kv_dtype"))
+    metafunc.parametrize(CASE_ARG, params)

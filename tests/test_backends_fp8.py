@@ -1,0 +1,164 @@
+"""Backends with the 656-byte FP8 KV layout: capability data, refusal reasons that name the
+layout, the conformance suite with ``kv_dtype="fp8"`` (against the reference of the dequantised
+cache), and ``graphattn list`` / ``check`` / ``bench --kv-dtype``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from graphattn.backends import AttentionBackend, builtin_backends, get_backend_class
+from graphattn.backends import registry
+from graphattn.cli import main
+from graphattn.common import kv_layout
+from graphattn.common.platform import current_platform
+from graphattn.testing.checks import check_case
+from graphattn.testing.plugin import conformance_params, selected_backends
+from graphattn.testing.specs import SMALL
+
+from test_cli import TINY, run_cli
+
+FP8_PHRASE = "kv_dtype fp8 ([pool, 656] uint8 FP8 tokens) not in supported KV layouts ['auto']"
+
+
+class PlainBackend(AttentionBackend):
+    """A backend written before FP8 KV: takes only kv in q's dtype."""
+
+    name = "plain"
+
+
+class LegacyRefusalBackend(AttentionBackend):
+    """Overrides refusal_reasons with the signature from before ``kv_dtype`` existed."""
+
+    name = "legacy"
+
+    @classmethod
+    def refusal_reasons(cls, num_heads, dtype, topk, platform=None):
+        return super().refusal_reasons(num_heads, dtype, topk, platform)
+
+
+def test_builtin_backends_take_fp8_and_say_so():
+    for name in builtin_backends():
+        cls = get_backend_class(name)
+        assert cls.supported_kv_dtypes == ("auto", "fp8"), f"backend '{name}': {cls.supported_kv_dtypes}"
+        assert cls.capabilities()["kv_dtypes"] == ["auto", "fp8"], f"backend '{name}'"
+        assert cls.refusal_reasons(16, torch.float16, 64, kv_dtype="fp8") == [], f"backend '{name}'"
+
+
+def test_a_backend_without_fp8_refuses_naming_the_layout():
+    assert PlainBackend.refusal_reasons(16, torch.float16, 64, kv_dtype="fp8") == [FP8_PHRASE]
+    with pytest.raises(ValueError, match=r"refuses .*kv_dtype=fp8.*not in supported KV layouts"):
+        PlainBackend(16, 64, torch.float16, kv_dtype="fp8")
+    with pytest.raises(ValueError, match="Unknown kv_dtype: 'fp4'"):
+        PlainBackend(16, 64, torch.float16, kv_dtype="fp4")
+    assert "Unknown kv_dtype" in PlainBackend.refusal_reasons(16, torch.float16, 64, kv_dtype="fp4")[0]
+    LegacyRefusalBackend(16, 64, torch.float16)  # the default layout never passes kv_dtype
+
+
+def test_registry_resolves_with_the_layout():
+    registry.register_backend("plain_fp8_test", PlainBackend)
+    try:
+        with pytest.raises(ValueError, match=r"kv_dtype=fp8 .*not in supported KV layouts"):
+            registry.resolve_backend("plain_fp8_test", 16, torch.float16, 64, kv_dtype="fp8")
+        assert "plain_fp8_test" not in registry.available_backends(16, torch.float16, 64, kv_dtype="fp8")
+        assert "plain_fp8_test" in registry.available_backends(16, torch.float16, 64)
+        auto = registry.resolve_backend("auto", 16, torch.float16, 64, kv_dtype="fp8")
+        assert "fp8" in auto.supported_kv_dtypes
+    finally:
+        registry.unregister_backend("plain_fp8_test")
+
+
+def test_fp8_backend_checks_the_kv_it_gets():
+    backend = get_backend_class("torch")(4, 8, torch.float16, kv_dtype="fp8")
+    md = backend.make_metadata(2)
+    backend.plan(md, torch.zeros(2, 8, dtype=torch.int32))
+    q = torch.randn(2, 4, 576).half()
+    with pytest.raises(ValueError, match=r"expected kv \[pool, 656\] torch.uint8 \(kv_dtype=fp8\)"):
+        backend.forward(q, torch.randn(16, 576).half(), md)
+    out, lse = backend.forward(q, kv_layout.quantize_kv(torch.randn(16, 576)), md)
+    assert out.shape == (2, 4, 512) and out.dtype == torch.float16 and torch.isfinite(out).all()
+
+
+def _fp8_cases() -> list:
+    """Every spec eagerly for every backend; the graph modes on the decode spec, which shrinks
+    and grows the batch across buckets (the interpreter is slow, and the layout does not
+    interact with capture beyond that). `graphattn check --kv-dtype fp8` runs the full matrix."""
+    def keep(param) -> bool:
+        case = param.values[0]
+        return case.mode == "eager" or case.spec.name == "decode"
+
+    return [p for p in conformance_params(selected_backends(None), "small", kv_dtype="fp8") if keep(p)]
+
+
+@pytest.mark.parametrize("case", _fp8_cases())
+def test_builtin_backend_conformance_fp8(case):
+    assert case.kv_dtype == "fp8" and case.id.endswith("-kv_fp8")
+    case.run()
+
+
+def test_conformance_skips_a_backend_without_fp8_with_its_reason():
+    (param, *_) = conformance_params(["torch"], "small", kv_dtype="fp8")
+    assert not param.marks[1:], "torch takes FP8 KV"
+    registry.register_backend("plain_fp8_test", PlainBackend)
+    try:
+        params = conformance_params(["plain_fp8_test"], "small", kv_dtype="fp8")
+        reasons = [m.kwargs.get("reason", "") for p in params for m in p.marks if m.name == "skip"]
+        assert len(reasons) == len(params) and FP8_PHRASE in reasons[0], reasons[0]
+    finally:
+        registry.unregister_backend("plain_fp8_test")
+
+
+def test_check_case_uses_the_fp8_tolerance_and_names_the_layout():
+    # A kernel that reads the FP8 tokens wrongly (here: scales ignored) must fail, naming the layout.
+    class ScalelessBackend(get_backend_class("torch")):
+        name = "scaleless"
+
+        def kv_rows_float(self, rows):
+            return kv_layout.dequantize_kv(self._no_scales(rows), self.platform.fp8_dtype)
+
+        @staticmethod
+        def _no_scales(rows):
+            rows = rows.clone()
+            rows[..., 512:528] = torch.tensor(1.0).view(1).view(torch.uint8).repeat(4)
+            return rows
+
+    with pytest.raises(AssertionError, match=r"backend 'scaleless' \[decode/eager, torch.float16, kv fp8\]"):
+        check_case(ScalelessBackend, SMALL.spec("decode"), "eager", SMALL, kv_dtype="fp8")
+
+
+def test_graphattn_check_passes_kv_dtype_to_the_suite():
+    proc = run_cli("check", "--attn-backend", "torch", "--kv-dtype", "fp8", "-k", "one_row")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "3 passed" in proc.stdout, proc.stdout
+
+
+def test_list_shows_kv_layouts(capsys):
+    assert main(["list", "--kv-dtype", "fp8", "--heads", "16", "--topk", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "kv_dtype=fp8" in out and " kv " in out.splitlines()[2]
+    assert all(f"{n} " in out for n in builtin_backends()) and "auto,fp8" in out
+    assert f"fp8_dtype={str(current_platform().fp8_dtype).replace('torch.', '')}" in out
+
+
+@pytest.mark.parametrize("backend", ["torch", "flashmla_mega"])
+def test_bench_fp8_counts_656_bytes_per_token(backend, tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    args = ["bench", "--attn-backend", backend, *TINY, "--kv-dtype", "fp8", "--json", str(path)]
+    if backend != "torch":
+        args += ["--modes", "eager,full", "--batch-sizes", "2"]
+    assert main(args) == 0
+    report = json.loads(path.read_text())
+    assert report["ok"] and report["workload"]["kv_dtype"] == "fp8", report["checks"]
+    r = report["results"][0]
+    elt = torch.empty((), dtype=getattr(torch, report["workload"]["dtype"])).element_size()
+    expected = r["rows"] * (8 * 656 + 4 * (576 + 512) * elt)  # heads 4, topk 8
+    layer_s = r["layer_us"] / 1e6
+    assert r["gb_per_s"] == pytest.approx(expected / layer_s / 1e9)
+    assert "kv_dtype=fp8" in capsys.readouterr().out
+
+
+def test_bench_kv_dtype_names_the_model_dtype(capsys):
+    assert main(["bench", *TINY, "--kv-dtype", "bf16", "--dtype", "float16"]) == 2
+    assert "must be q's dtype" in capsys.readouterr().err
