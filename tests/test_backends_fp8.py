@@ -162,3 +162,18 @@ def test_bench_fp8_counts_656_bytes_per_token(backend, tmp_path, capsys):
 def test_bench_kv_dtype_names_the_model_dtype(capsys):
     assert main(["bench", *TINY, "--kv-dtype", "bf16", "--dtype", "float16"]) == 2
     assert "must be q's dtype" in capsys.readouterr().err
+
+
+def test_kernel_bench_counts_656_bytes_and_dequantises():
+    from graphattn.bench import kernels
+    from graphattn.common.reference import sparse_mla_reference
+
+    plain, flops, _ = kernels.roofline(8, 16, 2048)
+    fp8, flops8, _ = kernels.roofline(8, 16, 2048, kv_fp8=True)
+    assert plain - fp8 == 8 * 2048 * (1152 - 656) and flops == flops8
+    s = kernels.make_copies(2, 4, 16, 2, device="cpu", kv_fp8=True)[0]
+    assert s["kv"].dtype == torch.uint8 and s["kv"].shape[1] == 656
+    out, lse = kernels.torch_reference(s["q"], s["kv"], s["idx"], 576**-0.5)
+    ref, ref_lse = sparse_mla_reference(s["q"], s["kv"], s["idx"], 576**-0.5)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=0.05, rtol=0, msg="kernel bench torch path, fp8")
+    torch.testing.assert_close(out.double(), ref, atol=0.05, rtol=0.05, msg="kernel bench torch path, fp8")

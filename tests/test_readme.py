@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 BLOCK = re.compile(r"<!-- readme-test: (?P<tag>[^>]*?) -->\n```(?P<lang>\w+)\n(?P<body>.*?)```", re.S)
@@ -51,5 +53,12 @@ def test_readme_examples_run(tmp_path, monkeypatch):
 
         unregister_backend("toy")
         sys.modules.pop("my_attn", None)
-    assert tags == ["exec", "file", "shell", "exec"]
+    assert tags == ["exec", "exec", "file", "shell", "exec"]
     assert namespace["out"].shape == (32, 16, 512) and namespace["lse"].shape == (32, 16)
+    # The FP8 cache example: the last step's output, and the tokens it wrote.
+    from graphattn.common.kv_layout import dequantize_kv, quantize_kv
+
+    assert namespace["out8"].shape == (1, 16, 512) and namespace["lse8"].shape == (1, 16)
+    cache, slots, kv_new = namespace["kv_cache"], namespace["slots"], namespace["kv_new"]
+    assert torch.equal(cache[slots], quantize_kv(kv_new)), "write_kv_fp8_ wrote other bytes"
+    assert dequantize_kv(cache).shape == (1024, 576)

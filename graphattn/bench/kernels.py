@@ -1,13 +1,14 @@
 """Kernel benchmark: every sparse MLA path and the torch reference, timed inside CUDA graphs.
 
-``python -m graphattn.bench.kernels [--json out.json] [--quick] [--sweep]``
+``python -m graphattn.bench.kernels [--json out.json] [--quick] [--sweep] [--kv-dtype fp8]``
 
 Each timed step replays one CUDA graph holding ``reps`` calls that cycle through several input
 copies (each copy its own q, indices and KV region, and each query row its own tokens), so the
 KV comes from HBM, not L2. Reports time per call, achieved GB/s and TFLOP/s and the fraction of
 the H200 roofline: ``max(bytes / 4.2 TB/s, flops / 790 TFLOP/s)`` with
 ``bytes = rows*topk*576*2 + q + out`` and ``flops = 2*rows*heads*topk*(576+512)`` (real heads:
-padding work of the flashmla path is not counted).
+padding work of the flashmla path is not counted). With ``--kv-dtype fp8`` the KV is 656-byte
+FP8 tokens (``graphattn.common.kv_layout``) and counted at 656 bytes per token instead of 1152.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..common.kv_layout import TOKEN_BYTES, dequantize_kv, quantize_kv
 from .workload import H200_BYTES_PER_S, H200_FLOP_PER_S, attention_bytes, attention_flops
 
 COLD_BYTES = 256 << 20  # input copies per graph: at least this much KV (L2 is 50 MB)
@@ -29,16 +31,21 @@ QUICK_SHAPES = [(16, 1, 2048), (64, 8, 2048), (64, 64, 2048), (128, 512, 2048)]
 PATHS = ("flashmla", "trtllm", "mega", "torch")
 
 
-def roofline(rows: int, heads: int, topk: int) -> tuple[float, float, float]:
-    """``(bytes, flops, seconds)`` of the roofline floor for one call."""
-    nbytes, flops = attention_bytes(rows, heads, topk), attention_flops(rows, heads, topk)
+def roofline(rows: int, heads: int, topk: int, kv_fp8: bool = False) -> tuple[float, float, float]:
+    """``(bytes, flops, seconds)`` of the roofline floor for one call (``kv_fp8``: KV read as
+    656-byte tokens)."""
+    nbytes = attention_bytes(rows, heads, topk, kv_token_bytes=TOKEN_BYTES if kv_fp8 else None)
+    flops = attention_flops(rows, heads, topk)
     return nbytes, flops, max(nbytes / H200_BYTES_PER_S, flops / H200_FLOP_PER_S)
 
 
-def make_copies(rows: int, heads: int, topk: int, copies: int, device="cuda") -> list[dict]:
-    """``copies`` input sets; row ``r`` of copy ``c`` reads its own shuffled token block."""
+def make_copies(rows: int, heads: int, topk: int, copies: int, device="cuda", kv_fp8: bool = False) -> list[dict]:
+    """``copies`` input sets; row ``r`` of copy ``c`` reads its own shuffled token block
+    (``kv_fp8``: the pool is ``[pool, 656]`` uint8 FP8 tokens)."""
     pool = copies * rows * topk
     kv = torch.randn(pool, 576, device=device, dtype=torch.bfloat16)
+    if kv_fp8:
+        kv = quantize_kv(kv)
     sets = []
     for c in range(copies):
         base = (c * rows + torch.arange(rows, device=device)[:, None]) * topk
@@ -50,8 +57,11 @@ def make_copies(rows: int, heads: int, topk: int, copies: int, device="cuda") ->
 
 
 def torch_reference(q, kv, idx, sm_scale):
-    """Gather + bf16 matmul + fp32 softmax + bf16 matmul (the plain-PyTorch baseline)."""
-    k = kv[idx.clamp_min(0).long()]  # [rows, topk, 576]
+    """Gather (+ dequantise FP8 tokens) + bf16 matmul + fp32 softmax + bf16 matmul (the
+    plain-PyTorch baseline)."""
+    k = kv[idx.clamp_min(0).long()]  # [rows, topk, 576], or [rows, topk, 656] uint8
+    if k.dtype == torch.uint8:
+        k = dequantize_kv(k, dtype=q.dtype)
     s = torch.einsum("rhd,rtd->rht", q, k).float() * sm_scale
     s = s.masked_fill((idx < 0)[:, None, :], float("-inf"))
     lse = torch.logsumexp(s, -1)
@@ -107,11 +117,12 @@ def time_graph(fn: Callable[[dict], Any], sets: list[dict], reps: int, replays: 
     return start.elapsed_time(end) / 1e3 / (replays * reps)
 
 
-def measure(heads: int, rows: int, topk: int, paths=PATHS) -> list[dict[str, Any]]:
-    """One result row per path at one shape."""
-    nbytes, flops, floor = roofline(rows, heads, topk)
-    copies = max(2, min(64, math.ceil(COLD_BYTES / (rows * topk * 1152))))
-    sets = make_copies(rows, heads, topk, copies)
+def measure(heads: int, rows: int, topk: int, paths=PATHS, kv_fp8: bool = False) -> list[dict[str, Any]]:
+    """One result row per path at one shape (``kv_fp8``: 656-byte FP8 KV tokens)."""
+    nbytes, flops, floor = roofline(rows, heads, topk, kv_fp8)
+    token_bytes = TOKEN_BYTES if kv_fp8 else 1152
+    copies = max(2, min(64, math.ceil(COLD_BYTES / (rows * topk * token_bytes))))
+    sets = make_copies(rows, heads, topk, copies, kv_fp8=kv_fp8)
     reps = max(copies, min(200, math.ceil(2e-3 / max(floor, 1e-6))))
     results = []
     for path in paths:
@@ -119,7 +130,8 @@ def measure(heads: int, rows: int, topk: int, paths=PATHS) -> list[dict[str, Any
             continue  # the gathered scores would not fit comfortably
         t = time_graph(path_fn(path, rows, heads, topk), sets, reps)
         results.append({
-            "heads": heads, "rows": rows, "topk": topk, "path": path, "us": t * 1e6,
+            "heads": heads, "rows": rows, "topk": topk, "path": path, "kv": "fp8" if kv_fp8 else "bf16",
+            "us": t * 1e6,
             "GBps": nbytes / t / 1e9, "TFLOPs": flops / t / 1e12, "roofline": floor / t,
         })
     del sets
@@ -198,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write results to this JSON file")
     parser.add_argument("--quick", action="store_true", help="four representative shapes only")
     parser.add_argument("--sweep", action="store_true", help="time tile candidates on a few shapes")
+    parser.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16",
+                        help="KV cache: bf16 [pool, 576] or 656-byte FP8 tokens (bytes counted at 656)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("graphattn.bench.kernels needs a CUDA/HIP GPU", file=sys.stderr)
@@ -205,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep:
         results = sweep([(16, 512, 2048), (64, 512, 2048), (128, 512, 2048), (64, 8, 2048)], SWEEP_CANDIDATES)
     else:
-        results = [r for shape in (QUICK_SHAPES if args.quick else SHAPES) for r in measure(*shape)]
+        fp8 = args.kv_dtype == "fp8"
+        results = [r for shape in (QUICK_SHAPES if args.quick else SHAPES) for r in measure(*shape, kv_fp8=fp8)]
         print(markdown(results))
     print("\n".join(compile_report()), file=sys.stderr)
     if args.json:
