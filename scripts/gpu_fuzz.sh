@@ -5,7 +5,8 @@
 # Logs and JSON lines go to $OUT (packed into fuzz_logs.tgz); the counts are printed.
 #   usage: OUT=dir scripts/gpu_fuzz.sh [cases_per_backend=500] [memcheck_cases_per_backend=30]
 #   env:   FUZZ_SEED (default: random, printed), FUZZ_JOBS (workers side by side, default 8),
-#          FUZZ_TIME (seconds for the random run, default 420), MEMCHECK_TIME (default 150)
+#          FUZZ_TIME (seconds for the random run, default 420), MEMCHECK_TIME (default 150),
+#          FUZZ_KV (KV layouts of the random and memcheck runs: auto, fp8 or both; default both)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-./gpu_fuzz_out}"
@@ -15,6 +16,7 @@ cases="${1:-500}"
 mc_cases="${2:-30}"
 seed="${FUZZ_SEED:-$RANDOM}"
 jobs="${FUZZ_JOBS:-8}"
+kv="${FUZZ_KV:-both}"
 logs="$(mktemp -d)"
 status=0
 echo "fuzz seed $seed, $jobs workers"
@@ -24,7 +26,7 @@ fuzz --regression --json "$logs/regression.jsonl" >"$logs/regression.log" 2>&1 |
 tail -9 "$logs/regression.log"
 
 timeout "${FUZZ_TIME:-420}" python3 -m graphattn.testing.fuzz_runner --jobs "$jobs" --quiet \
-  --cases "$cases" --seed "$seed" --json "$logs/random.jsonl" >"$logs/random.log" 2>&1 || status=1
+  --cases "$cases" --seed "$seed" --kv-dtype "$kv" --json "$logs/random.jsonl" >"$logs/random.log" 2>&1 || status=1
 grep -E "^\[|^    " "$logs/random.log" | head -40
 tail -9 "$logs/random.log"
 
@@ -33,7 +35,7 @@ tail -9 "$logs/random.log"
 for b in flashmla trtllm flashmla_mega torch; do
   timeout "${MEMCHECK_TIME:-150}" compute-sanitizer --tool memcheck --print-limit 20 \
     --log-file "$logs/memcheck_$b.log" python3 -m graphattn.testing.fuzz_runner --no-isolate --quiet \
-    --backends "$b" --cases "$mc_cases" --seed "$((seed + 1))" --max-work 1000000 \
+    --backends "$b" --cases "$mc_cases" --seed "$((seed + 1))" --max-work 1000000 --kv-dtype "$kv" \
     --json "$logs/memcheck_$b.jsonl" >"$logs/memcheck_run_$b.log" 2>&1 &
 done
 wait

@@ -177,3 +177,29 @@ def test_kernel_bench_counts_656_bytes_and_dequantises():
     ref, ref_lse = sparse_mla_reference(s["q"], s["kv"], s["idx"], 576**-0.5)
     torch.testing.assert_close(lse.double(), ref_lse, atol=0.05, rtol=0, msg="kernel bench torch path, fp8")
     torch.testing.assert_close(out.double(), ref, atol=0.05, rtol=0.05, msg="kernel bench torch path, fp8")
+
+
+def test_fuzz_fp8_cases_every_backend():
+    """Random shapes, index mixes and byte layouts of FP8 tokens (4- but not always 16-byte
+    aligned rows, poisoned bytes between rows) against the reference of the dequantised cache."""
+    import dataclasses
+    import random
+
+    from graphattn.testing import fuzz
+    from graphattn.testing.fuzz_runner import BUILTIN, run_cases
+
+    seed = random.randrange(2**31)
+    limits = dataclasses.replace(fuzz.CPU, kv_dtypes=("fp8",))
+    cases = fuzz.draw_cases(list(BUILTIN), 3, seed, limits)
+    assert all(c.kv_dtype == "fp8" for c in cases)
+    summary = run_cases(cases, isolate=False)
+    failures = "\n".join(r.message or r.case.label for r in summary.failures)
+    assert summary.clean, f"fuzz seed {seed}:\n{failures}"
+    for layout, n, aligned_16 in (("row_stride", 577, False), ("offset", 1, False), ("row_stride", 580, True)):
+        case = fuzz.FuzzCase("torch", rows=2, heads=3, topk=9, pool=7, kv_layout=layout, stride=n,
+                             offset=n, kv_dtype="fp8", seed=3)
+        _, kv, _ = fuzz.make_inputs(case, torch.device("cpu"))
+        assert kv.shape == (7, 656) and kv.dtype == torch.uint8 and kv.stride(0) % 4 == 0
+        assert (kv.data_ptr() % 16 == 0 and kv.stride(0) % 16 == 0) == aligned_16, (layout, kv.stride())
+        result = fuzz.run_case(case)
+        assert result.status == "ok", result.message

@@ -22,7 +22,9 @@ from typing import Iterator
 
 import torch
 
+from ..backends.base import kv_kwargs
 from ..backends.registry import get_backend_class
+from ..common.kv_layout import KV_AUTO, KV_FP8, TOKEN_BYTES, quantize_kv
 from ..common.metadata import D_QK
 from ..common.platform import current_platform
 from ..common.reference import sparse_mla_reference
@@ -55,6 +57,9 @@ class FuzzCase:
         duplicates: copy some indices of each row onto other positions of the same row.
         empty_rows: rows whose every index is invalid (out 0, lse −inf).
         seed: data seed.
+        kv_dtype: ``"auto"`` (kv in q's dtype) or ``"fp8"`` (656-byte FP8 tokens, uint8 rows;
+            the layouts in bytes: ``row_stride`` rows of ``656 + 4 * (stride - 576)`` bytes,
+            ``offset`` a start ``4 * offset`` bytes in, both 4- but not always 16-byte aligned).
     """
 
     backend: str
@@ -72,11 +77,12 @@ class FuzzCase:
     duplicates: bool = True
     empty_rows: int = 0
     seed: int = 0
+    kv_dtype: str = KV_AUTO
 
     @property
     def label(self) -> str:
         """A one-line description for reports and failure messages."""
-        lay = f"q {self.q_layout}, kv {self.kv_layout}"
+        lay = f"q {self.q_layout}, kv {self.kv_layout}" + (" fp8" if self.kv_dtype == KV_FP8 else "")
         if self.kv_layout == "row_stride":
             lay += f" {self.stride}"
         if "offset" in (self.q_layout, self.kv_layout):
@@ -141,6 +147,8 @@ class FuzzLimits:
     # rows x heads x topk bound, so one case's float64 reference stays quick
     max_work: int
     dtypes: tuple[str, ...] = ("bfloat16", "float16")
+    # KV layouts drawn; with one, no random draw is spent on it (seeds keep their cases)
+    kv_dtypes: tuple[str, ...] = (KV_AUTO,)
 
 
 GPU = FuzzLimits(max_heads=128, max_topk=4096, max_rows=300, max_pool=70_000, max_work=300 * 128 * 2048)
@@ -168,6 +176,7 @@ def draw_case(rng: random.Random, backend: str, limits: FuzzLimits = GPU) -> Fuz
         invalid=rng.choice((0.0, 0.1, 0.5, 0.95)), out_of_range=rng.choice((0.0, 0.05, 0.3)),
         duplicates=rng.random() < 0.5, empty_rows=rng.choice((0, 0, 1, rows)) if rows > 1 else rng.choice((0, 0, 1)),
         seed=rng.randrange(2**31),
+        kv_dtype=rng.choice(limits.kv_dtypes) if len(limits.kv_dtypes) > 1 else limits.kv_dtypes[0],
     )
 
 
@@ -222,13 +231,31 @@ def make_inputs(case: FuzzCase, device: torch.device) -> tuple[torch.Tensor, tor
         q = randn(case.offset + rows * heads * D_QK, std=Q_STD)[case.offset:].view(rows, heads, D_QK)
     else:
         q = randn(rows, heads, D_QK, std=Q_STD)
-    if case.kv_layout == "row_stride":
+    if case.kv_dtype == KV_FP8:
+        kv = _fp8_kv(case, torch.randn(pool, D_QK, generator=g)).to(device)
+    elif case.kv_layout == "row_stride":
         kv = randn(pool, case.stride)[:, :D_QK]
     elif case.kv_layout == "offset":
         kv = randn(case.offset + pool * D_QK)[case.offset:].view(pool, D_QK)
     else:
         kv = randn(pool, D_QK)
     return q, kv, make_fuzz_indices(case, g).to(device)
+
+
+def _fp8_kv(case: FuzzCase, values: torch.Tensor) -> torch.Tensor:
+    """``values [pool, 576]`` as 656-byte FP8 tokens in the case's layout (in bytes, 4-aligned)."""
+    tokens = quantize_kv(values)  # [pool, 656] uint8
+    pool = tokens.shape[0]
+    if case.kv_layout == "row_stride":
+        buf = torch.full((pool, TOKEN_BYTES + 4 * (case.stride - D_QK)), 0xFF, dtype=torch.uint8)
+    elif case.kv_layout == "offset":
+        start = 4 * case.offset
+        buf = torch.full((start + pool * TOKEN_BYTES,), 0xFF, dtype=torch.uint8)[start:].view(pool, TOKEN_BYTES)
+    else:
+        return tokens
+    kv = buf[:, :TOKEN_BYTES]
+    kv.copy_(tokens)  # the bytes between rows stay 0xFF (NaN scales): never read
+    return kv
 
 
 def make_fuzz_indices(case: FuzzCase, g: torch.Generator) -> torch.Tensor:
@@ -291,7 +318,8 @@ def run_case(case: FuzzCase, device: torch.device | None = None, sm_scale: float
     q, kv, idx = make_inputs(case, device)
     result = CaseResult(case, "ok", kernel=kernel_label(case, q, kv))
     try:
-        backend = get_backend_class(case.backend)(case.heads, case.topk, getattr(torch, case.dtype), sm_scale)
+        backend = get_backend_class(case.backend)(case.heads, case.topk, getattr(torch, case.dtype), sm_scale,
+                                                  **kv_kwargs(case.kv_dtype))
         with poisoned_empty():
             md = backend.make_metadata(case.rows)
             for buf in (md.workspace_out, md.workspace_lse):
@@ -316,7 +344,7 @@ def _compare(result: CaseResult, q, kv, idx, sm_scale, out, lse) -> None:
         result.status = "wrong"
         result.message = f"out {tuple(out.shape)} {out.dtype}, lse {tuple(lse.shape)}: want {tuple(ref_out.shape)}"
         return
-    tol = tolerance(q.dtype)
+    tol = tolerance(q.dtype, case.kv_dtype)
     o, lo = out.double(), lse.double()
     result.out_err = _max_err(o, ref_out)
     result.lse_err = _max_err(lo, ref_lse)

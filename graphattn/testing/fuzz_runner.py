@@ -198,6 +198,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--limits", choices=("gpu", "cpu"), default=None,
                    help="shape ranges (default: gpu on a GPU, cpu under the interpreter)")
     p.add_argument("--max-work", type=int, default=None, help="cap on rows x heads x topk per case")
+    p.add_argument("--kv-dtype", choices=("auto", "fp8", "both"), default="auto",
+                   help="KV layout of the cases: auto (q's dtype), fp8 (656-byte FP8 tokens), or both drawn")
     p.add_argument("--no-isolate", action="store_true", help="run cases in this process")
     p.add_argument("--jobs", type=int, default=1, help="worker processes side by side")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per case before a crash is declared")
@@ -224,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     limits = GPU if (args.limits or ("gpu" if torch.cuda.is_available() else "cpu")) == "gpu" else CPU
     if args.max_work:
         limits = dataclasses.replace(limits, max_work=args.max_work)
+    if args.kv_dtype != "auto":
+        limits = dataclasses.replace(limits, kv_dtypes=("auto", "fp8") if args.kv_dtype == "both" else ("fp8",))
     cases = regression_cases(backends, seeds=(1, 2)) if args.regression else draw_cases(backends, args.cases, args.seed, limits)
     results: list[CaseResult] = []
     t0 = time.perf_counter()
