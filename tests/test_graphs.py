@@ -201,3 +201,28 @@ def test_capture_keeps_the_garbage_collector_off_and_restores_it():
         assert not gc.isenabled(), "a caller's disabled collector must stay disabled"
     finally:
         gc.enable()
+
+
+def test_break_with_out_keyword_writes_in_place_on_replay():
+    """eager_on_graph(fn, out="out"): replays hand fn the captured outputs, so the segments
+    after the break read fresh results and nothing is copied."""
+    seen = []
+
+    @eager_on_graph(out="out")
+    def scaled(a, out=None):
+        seen.append(out)
+        res = torch.empty_like(a) if out is None else out
+        torch.mul(a, a.abs().max().item(), out=res)  # .item(): must run eagerly
+        return res
+
+    x = torch.randn(4, 4)
+    graph = BreakableGraph()
+    out = graph.capture(lambda a: scaled(a * 2) + 1, x)
+    captured_mid = graph._breaks[0].out
+    assert seen == [None]
+    for _ in range(2):
+        x.copy_(torch.randn(4, 4))
+        out.fill_(float("nan"))
+        res = graph.replay()
+        assert seen[-1] is captured_mid, "the replay must pass the captured output"
+        torch.testing.assert_close(res, (x * 2) * (x * 2).abs().max() + 1)

@@ -8,6 +8,8 @@ GPU variants of the compile test run on a CUDA machine (``gpu`` marker); host ti
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import types
 
 import pytest
 import torch
@@ -139,3 +141,149 @@ def test_torch_compile_fullgraph_cpu(name, cpu_platform):
 @pytest.mark.parametrize("name", BUILTIN)
 def test_torch_compile_fullgraph_gpu(name):
     _compiled_matches_eager(name, torch.device("cuda"))
+
+
+class _FakeCompiled:
+    """What Triton's JITFunction.run returns: a compiled kernel with its launcher."""
+
+    def __init__(self, log: list):
+        self.function, self.packed_metadata = "function-handle", "packed-metadata"
+        self.run = lambda *a: log.append(("cached", a))
+
+
+class _FakeJit:
+    """A stand-in ``@triton.jit`` function: ``fn[grid](*args, **kwargs)`` logs and returns a
+    compiled kernel (or ``None``, as the interpreter does)."""
+
+    def __init__(self, compiled: bool = True):
+        def kernel(x_ptr, n, scale, BLOCK, FLAG=7):
+            pass
+
+        self.signature = inspect.signature(kernel)
+        self.log: list = []
+        self.compiled = _FakeCompiled(self.log) if compiled else None
+
+    def __getitem__(self, grid):
+        def runner(*args, **kwargs):
+            self.log.append(("jit", grid, args, kwargs))
+            return self.compiled
+
+        return runner
+
+
+@pytest.fixture
+def fake_triton(monkeypatch):
+    """Triton's runtime as the cached launcher sees it on a GPU: device 0, stream 99, no hooks."""
+    state = types.SimpleNamespace(device=0, hook=None)
+
+    class Knobs:
+        launch_enter_hook = property(lambda self: state.hook)
+
+    monkeypatch.setattr(launch._Triton, "device", staticmethod(lambda: state.device))
+    monkeypatch.setattr(launch._Triton, "stream", staticmethod(lambda device: 99 + device))
+    monkeypatch.setattr(launch._Triton, "knobs", Knobs())
+    monkeypatch.setattr(launch._Triton, "load", classmethod(lambda cls: None))
+    return state
+
+
+def test_keyed_launch_reuses_the_compiled_kernel_per_key(fake_triton):
+    fn = _FakeJit()
+    keyed = launch.KeyedLaunch(launch.make_launch(fn, (6,), BLOCK=32, num_warps=4))
+    x = torch.randn(64)
+    keyed("k", x, 16, 0.5)  # first call: Triton's path (compiles or finds the kernel)
+    keyed("k", x, 16, 0.5)  # same key: straight to the compiled kernel's launcher
+    assert [e[0] for e in fn.log] == ["jit", "cached"]
+    assert fn.log[0][1:] == ((6,), (x, 16, 0.5), {"BLOCK": 32, "num_warps": 4})
+    # grid padded to 3 dims, the device's stream, handles, no hooks, then every kernel
+    # parameter in signature order: the positional args, then constexprs (given, else default).
+    assert fn.log[1][1] == (6, 1, 1, 99, "function-handle", "packed-metadata", None, None, None,
+                            x, 16, 0.5, 32, 7)
+    keyed("other", x, 16, 0.5)
+    assert fn.log[-1][0] == "jit"
+
+
+def test_call_key_separates_what_triton_specialises(fake_triton):
+    q, kv = torch.randn(2, 4, 576), torch.randn(10, 576)
+    out, lse = torch.empty(2, 4, 512), torch.empty(2, 4)
+    key, qs, kvs = launch.call_key(q, kv, out, lse)
+    assert qs == q.stride() and kvs == 576
+    assert launch.call_key(q.clone(), kv.clone(), out, lse)[0] == key  # same layout, new storage
+    others = [
+        (q.double(), kv, out, lse),  # dtype
+        (q, torch.randn(11, 576), out, lse),  # pool size
+        (q, torch.randn(10, 600)[:, :576], out, lse),  # kv row stride
+        (torch.randn(4, 2, 576).transpose(0, 1), kv, out, lse),  # q strides
+        (q, torch.randn(10 * 576 + 2)[2:].view(10, 576), out, lse),  # kv not 16-byte aligned
+        (q, kv, torch.randn(2 * 4 * 512 + 1)[1:].view(2, 4, 512), lse),  # out not aligned
+    ]
+    assert all(launch.call_key(*a)[0] != key for a in others)
+    fake_triton.device = 1
+    assert launch.call_key(q, kv, out, lse)[0] != key  # another current device
+
+
+def test_specialised_launch_defers_to_triton_for_hooks_and_the_interpreter(fake_triton, monkeypatch):
+    fn = _FakeJit()
+    fast = launch.make_launch(fn, (2, 3), BLOCK=16).specialised(torch.randn(32), 1, 1.0)
+    fake_triton.hook = types.SimpleNamespace(calls=[print])  # a profiler registered a hook
+    fast(torch.randn(32), 1, 1.0)
+    fake_triton.hook = types.SimpleNamespace(calls=[])  # Triton 3.6's empty hook chain
+    fast(torch.randn(32), 1, 1.0)
+    assert [e[0] for e in fn.log] == ["jit", "jit", "cached"]
+    for compiled, cached_launcher in ((False, True), (True, False)):  # interpreter; the switch
+        monkeypatch.setattr(launch, "_CACHED_LAUNCHER", cached_launcher)
+        fn = _FakeJit(compiled=compiled)
+        keyed = launch.KeyedLaunch(launch.make_launch(fn, (2,), BLOCK=16))
+        for _ in range(3):
+            keyed("k", torch.randn(32), 1, 1.0)
+        assert [e[0] for e in fn.log] == ["jit"] * 3
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_forward_writes_into_given_outputs(name):
+    """forward(..., out=(out, lse)) writes there and returns them; a wrong pair is refused."""
+    q, kv, idx = _inputs(heads=4)
+    backend = get_backend_class(name)(4, idx.shape[1], q.dtype)
+    md = backend.make_metadata(4)
+    backend.plan(md, idx)
+    out = (torch.full((3, 4, 512), float("nan"), dtype=q.dtype, device=q.device),
+           torch.full((3, 4), float("nan"), device=q.device))
+    res = backend.forward(q, kv, md, out=out)
+    assert res[0] is out[0] and res[1] is out[1], f"backend '{name}' did not return out"
+    _check(name, q, kv, idx, backend, *out)
+    for bad in ((out[0][:2], out[1][:2]), (out[0].float(), out[1]), (out[0], out[1].half()),
+                (torch.empty(3, 512, 4, dtype=q.dtype).transpose(1, 2), out[1]), out[0]):
+        with pytest.raises(ValueError, match="out must be"):
+            backend.forward(q, kv, md, out=bad)
+
+
+@pytest.mark.parametrize("name", TRITON)
+def test_bound_calls_follow_buffer_growth(name):
+    """A bound call keeps views of the metadata's buffers; when a buffer grows (before any
+    capture) every bound call is rebuilt on the new storage, so results stay right."""
+    q, kv, idx = _inputs(heads=4, rows=6)
+    backend = get_backend_class(name)(4, idx.shape[1], q.dtype)
+    md = backend.make_metadata(2)
+    backend.plan(md, idx[:2])
+    _check(name, q[:2], kv, idx[:2], backend, *backend.forward(q[:2], kv, md))
+    old = md.indices.tensor
+    backend.plan(md, idx)  # 6 rows > 2 reserved: the index table grows (a new storage)
+    assert md.indices.tensor is not old
+    _check(name, q, kv, idx, backend, *backend.forward(q, kv, md))
+    md.reserve(16)  # every row buffer grows again
+    backend.plan(md, idx[2:4])
+    _check(name, q[2:4], kv, idx[2:4], backend, *backend.forward(q[2:4], kv, md))
+
+
+def test_padding_rows_stay_inert_whatever_the_step_sequence():
+    """plan() fills padding rows with -1 only where an earlier, larger step wrote; every
+    planned row past the step's own must read -1 after any sequence of sizes."""
+    backend = get_backend_class("torch")(2, 5, torch.float32)
+    md = backend.make_metadata(16)
+    gen = torch.Generator().manual_seed(5)
+    for n, pad in [(3, 8), (8, 8), (2, 8), (2, 4), (6, None), (1, 16), (16, None), (4, 6), (4, 12)]:
+        idx = torch.randint(0, 100, (n, 5), dtype=torch.int32, generator=gen).to(md.device)
+        backend.plan(md, idx, pad_to=pad)
+        rows = max(n, pad or 0)
+        table = md.indices.tensor
+        assert torch.equal(table[:n], idx)
+        assert (table[n:rows] == -1).all(), f"step ({n}, pad_to={pad}): padding rows not -1"

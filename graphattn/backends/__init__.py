@@ -3,7 +3,7 @@
 Built-in backend classes are imported lazily by the registry (``get_backend_class(name)``).
 """
 
-from .base import AttentionBackend, GraphSupport
+from .base import AttentionBackend, GraphSupport, accepts_out
 from .registry import (
     AUTO,
     ENTRY_POINT_GROUP,
@@ -22,6 +22,7 @@ from .registry import (
 )
 
 __all__ = [
+    "accepts_out",
     "AttentionBackend",
     "GraphSupport",
     "AUTO",

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..common.capture import is_capturing
 from ..common.metadata import GraphMetadata
 from ..kernels.launch import KernelSpec, LaunchPlan, aligned_16, direct_launch_allowed
 from ..kernels.plan import split_plan
@@ -22,12 +23,14 @@ from .base import AttentionBackend
 class TritonBackend(AttentionBackend):
     """Base of the backends whose ``forward`` is one Triton kernel path.
 
-    Subclasses set ``kernel_spec``; ``pads_q``, ``uses_counter`` and ``uses_workspace`` follow
-    from it. ``plan()`` writes the step's indices and builds (or finds) the step's
-    :class:`LaunchPlan`; ``forward()`` looks it up by row count and launches. With no
-    tracing, compiling or dispatch mode active it calls the kernel module's ``run_*``
-    directly; otherwise it calls the custom op, so ``torch.compile``, the capture sanitizer and
-    the CPU graph emulator see every kernel.
+    Subclasses set ``kernel_spec`` and ``_build_plan``; ``pads_q``, ``uses_counter`` and
+    ``uses_workspace`` follow from the spec. ``plan()`` writes the step's indices and builds
+    (or finds) the step's :class:`LaunchPlan`. ``forward()`` checks Python attributes, then,
+    with no tracing, compiling, dispatch mode or graph capture active, runs the bound call the
+    metadata keeps for (backend, rows, alignment): the plan with its index, counter and
+    workspace views and their strides bound (the kernel module's ``bind_<path>``), launching
+    through specialised launchers. Otherwise it calls the custom op, so ``torch.compile``, the
+    capture sanitizer, the CPU graph emulator and capture marking see every kernel.
     """
 
     uses_triton = True
@@ -46,6 +49,9 @@ class TritonBackend(AttentionBackend):
         self._module = importlib.import_module(f"graphattn.kernels.{self.kernel_spec.name}")
         self._op = self.kernel_spec.op
         self._kernel_heads = self.padded_heads or self.num_heads
+        self._pads = self.padded_heads is not None
+        self._metadata_config = (self.num_heads, self.topk, self.dtype, self.padded_heads)
+        self._bind = getattr(self._module, f"bind_{self.kernel_spec.name}")
         self._plans: dict[tuple[int, bool, int], LaunchPlan] = {}
 
     def make_metadata(self, max_rows: int) -> GraphMetadata:
@@ -79,10 +85,66 @@ class TritonBackend(AttentionBackend):
     def _build_plan(self, rows: int, aligned: bool, ws_splits: int) -> LaunchPlan:
         raise NotImplementedError
 
+    def forward(
+        self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata,
+        out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """See :meth:`AttentionBackend.forward`. Capturable (within the reserved rows).
+
+        Without ``out``, a padding backend returns views ``out[:, :num_heads]`` /
+        ``lse[:, :num_heads]`` of the padded kernel output (non-contiguous); with ``out`` the
+        kernel writes into it directly where it needs no padding, else the real heads are
+        copied into it.
+        """
+        self.check_call(q, kv, metadata)
+        if out is not None:
+            self.check_out(q, out)
+        q_in = metadata.zero_padded_q(q) if self._pads else q  # [rows, kernel heads, 576]
+        call = self.bound_call(metadata, q_in, kv)
+        if call is not None:
+            res = call(q_in, kv, None if self._pads else out)
+        else:
+            res = self._op(q_in, kv, *self._fixed_args(metadata, q.shape[0]))
+        if self._pads:  # narrow: a fraction of the cost of slicing with [:, :h]
+            res = res[0].narrow(1, 0, self.num_heads), res[1].narrow(1, 0, self.num_heads)
+        if out is None or res[0] is out[0]:
+            return res
+        out[0].copy_(res[0])
+        out[1].copy_(res[1])
+        return out
+
+    def _fixed_args(self, metadata: GraphMetadata, rows: int, splits: int | None = None) -> list[Any]:
+        """The kernel arguments after q and kv: indices, scale, [counter], [workspace views
+        of ``splits`` splits, all the pool holds when ``None``]."""
+        args: list[Any] = [metadata.indices_for(rows), self.sm_scale]
+        if self.uses_counter:
+            args.append(metadata.counter_for(rows))
+        if self.uses_workspace:
+            args.extend(metadata.workspace_for(rows, splits))
+        return args
+
+    def bound_call(self, metadata: GraphMetadata, q: torch.Tensor, kv: torch.Tensor) -> Any:
+        """The metadata's bound call for this launch (``call(q, kv) -> (out, lse)``), or
+        ``None`` where the custom op must run instead: while tracing, compiling, a dispatch
+        mode or a graph capture is active (a capture must see the views, which marks the
+        buffers), or beyond the reserved rows (temporaries are never kept). ``call`` takes an
+        optional third argument, ``(out, lse)`` to write into."""
+        if not direct_launch_allowed() or is_capturing():
+            return None
+        rows = q.shape[0]
+        aligned = aligned_16(q, kv) if self.kernel_spec.alignment else True
+        return metadata.bound_call((self, rows, aligned), lambda: self._new_bound_call(metadata, rows, aligned))
+
+    def _new_bound_call(self, metadata: GraphMetadata, rows: int, aligned: bool) -> Any:
+        if rows > metadata.capacity:
+            return None
+        plan = self.launch_plan(metadata, rows, aligned)
+        return self._bind(plan, *self._fixed_args(metadata, rows, plan.workspace_splits))
+
     def check_metadata(self, metadata: GraphMetadata) -> None:
         """Refuse metadata made for another configuration (cheap: Python attributes only)."""
         got = (metadata.num_heads, metadata.topk, metadata.dtype, metadata.padded_heads)
-        want = (self.num_heads, self.topk, self.dtype, self.padded_heads)
+        want = self._metadata_config
         if got != want:
             raise ValueError(
                 f"{self.name}: metadata was made for (num_heads, topk, dtype, padded_heads)="
@@ -109,12 +171,3 @@ class TritonBackend(AttentionBackend):
                 f"{metadata.indices.tensor.device}; put them on one device"
             )
         self.check_metadata(metadata)
-
-
-def direct_plan(backend: TritonBackend, metadata: GraphMetadata, q: torch.Tensor,
-                kv: torch.Tensor) -> LaunchPlan | None:
-    """``backend``'s plan for this call when it may launch directly, else ``None``."""
-    if not direct_launch_allowed():
-        return None
-    aligned = aligned_16(q, kv) if backend.kernel_spec.alignment else True
-    return backend.launch_plan(metadata, q.shape[0], aligned)

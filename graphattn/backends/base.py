@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import enum
 import importlib.util
-from typing import ClassVar
+import inspect
+from typing import Any, ClassVar
 
 import torch
 
@@ -219,10 +220,12 @@ class AttentionBackend:
 
     @property
     def padded_heads(self) -> int | None:
-        """Head count of the q-pad buffer (``None`` when the backend does not pad)."""
+        """Head count of the q-pad buffer (``None`` when the backend does not pad, or when
+        ``num_heads`` is already a multiple of the platform's ``head_pad_multiple``)."""
         if not self.pads_q:
             return None
-        return _round_up(self.num_heads, self.platform.head_pad_multiple)
+        padded = _round_up(self.num_heads, self.platform.head_pad_multiple)
+        return padded if padded != self.num_heads else None  # already a multiple: no copy
 
     def make_metadata(self, max_rows: int) -> GraphMetadata:
         """Reserve graph-safe buffers for up to ``max_rows`` query rows. Host side, not capturable.
@@ -252,14 +255,41 @@ class AttentionBackend:
         metadata.refresh_(indices, pad_to=pad_to)
 
     def forward(
-        self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata
+        self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata,
+        out: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention for ``q [rows, num_heads, 576]`` over ``kv [pool, 576]``. **Capturable.**
 
         Reads ``metadata.indices_for(rows)`` (written by :meth:`plan`). Returns
         ``out [rows, num_heads, 512]`` (q's dtype) and ``lse [rows, num_heads]`` float32.
+
+        ``out``: optional contiguous ``(out, lse)`` of those shapes and dtypes to write into
+        (they are returned). A breakable graph's attention break passes the tensors its later
+        segments read, so a replay needs no copy (``eager_on_graph(forward, out="out")``).
+        Third-party backends may leave it out of their signature; callers check first
+        (:func:`accepts_out`).
         """
         raise NotImplementedError
+
+    def check_out(self, q: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Raise ``ValueError`` unless ``out`` is a contiguous ``(out [rows, num_heads, 512]``
+        in q's dtype, ``lse [rows, num_heads]`` float32) pair on q's device."""
+        rows = q.shape[0]
+        try:
+            o, lse = out
+            ok = (tuple(o.shape) == (rows, self.num_heads, D_V) and o.dtype == q.dtype
+                  and tuple(lse.shape) == (rows, self.num_heads) and lse.dtype == torch.float32
+                  and o.is_contiguous() and lse.is_contiguous()
+                  and o.device == q.device and lse.device == q.device)
+        except (TypeError, ValueError, AttributeError):
+            ok = False
+        if not ok:
+            got = [(tuple(t.shape), t.dtype, str(t.device)) if isinstance(t, torch.Tensor) else type(t).__name__
+                   for t in (out if isinstance(out, (tuple, list)) else [out])]
+            raise ValueError(
+                f"{self.name}: out must be (out [{rows}, {self.num_heads}, {D_V}] {q.dtype}, "
+                f"lse [{rows}, {self.num_heads}] float32), contiguous, on {q.device}; got {got}"
+            )
 
     def check_inputs(self, q: torch.Tensor, kv: torch.Tensor) -> None:
         """Raise ``ValueError`` unless ``q [rows, num_heads, 576]`` has this backend's dtype and
@@ -300,4 +330,12 @@ class AttentionBackend:
         )
 
 
-__all__ = ["AttentionBackend", "GraphSupport", "D_QK", "D_V"]
+def accepts_out(forward: Any) -> bool:
+    """Whether a backend's ``forward`` takes the ``out=`` keyword (built-in backends do)."""
+    try:
+        return "out" in inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+__all__ = ["AttentionBackend", "GraphSupport", "accepts_out", "D_QK", "D_V"]

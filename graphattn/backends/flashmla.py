@@ -13,9 +13,8 @@ from __future__ import annotations
 import torch
 
 from ..common.kv_layout import KV_AUTO, KV_FP8
-from ..common.metadata import GraphMetadata
 from ..kernels.launch import FLASHMLA, LaunchPlan
-from ._triton import TritonBackend, direct_plan
+from ._triton import TritonBackend
 from .base import GraphSupport
 
 
@@ -33,24 +32,3 @@ class FlashMLABackend(TritonBackend):
         return self._module.plan_flashmla(rows, self._kernel_heads, self.topk, ws_splits, aligned,
                                           self.kv_fp8)
 
-    def forward(
-        self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """See :meth:`AttentionBackend.forward`. Capturable.
-
-        Returns views ``out[:, :num_heads]`` / ``lse[:, :num_heads]`` of the padded kernel output
-        (non-contiguous when heads were padded).
-        """
-        self.check_call(q, kv, metadata)
-        rows = q.shape[0]
-        q_padded = metadata.zero_padded_q(q)  # [rows, padded_heads, 576], a slice of q_pad
-        indices = metadata.indices_for(rows)
-        plan = direct_plan(self, metadata, q_padded, kv)
-        if plan is not None:
-            out, lse = self._module.run_flashmla(plan, q_padded, kv, indices, self.sm_scale,
-                                                 *metadata.workspace_for(rows, plan.workspace_splits))
-        else:
-            out, lse = self._op(q_padded, kv, indices, self.sm_scale, *metadata.workspace_for(rows))
-        if self._kernel_heads == self.num_heads:
-            return out, lse
-        return out[:, : self.num_heads], lse[:, : self.num_heads]

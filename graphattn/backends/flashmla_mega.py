@@ -10,9 +10,8 @@ from __future__ import annotations
 import torch
 
 from ..common.kv_layout import KV_AUTO, KV_FP8
-from ..common.metadata import GraphMetadata
 from ..kernels.launch import MEGA, LaunchPlan
-from ._triton import TritonBackend, direct_plan
+from ._triton import TritonBackend
 from .base import GraphSupport
 
 
@@ -29,13 +28,3 @@ class FlashMLAMegaBackend(TritonBackend):
     def _build_plan(self, rows: int, aligned: bool, ws_splits: int) -> LaunchPlan:
         return self._module.plan_mega(rows, self.num_heads, self.topk, self.kv_fp8)
 
-    def forward(
-        self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """See :meth:`AttentionBackend.forward`. Capturable."""
-        self.check_call(q, kv, metadata)
-        indices = metadata.indices_for(q.shape[0])
-        plan = direct_plan(self, metadata, q, kv)
-        if plan is not None:
-            return self._module.run_mega(plan, q, kv, indices, self.sm_scale)
-        return self._op(q, kv, indices, self.sm_scale)

@@ -18,6 +18,8 @@ from .base import AttentionBackend, GraphSupport
 # Bytes of gathered float32 KV per chunk: bounds the transient memory of one call (the gather is
 # [chunk_rows, topk, 576] float32) while keeping the number of launched ops small.
 _GATHER_BUDGET_BYTES = 256 << 20
+_F32_LOWEST = torch.finfo(torch.float32).min
+_F32_TINY = torch.finfo(torch.float32).tiny
 
 
 class TorchBackend(AttentionBackend):
@@ -34,35 +36,49 @@ class TorchBackend(AttentionBackend):
         return max(1, min(rows, _GATHER_BUDGET_BYTES // max(per_row, 1)))
 
     def forward(
-        self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata
+        self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata,
+        out: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """See :meth:`AttentionBackend.forward`. Capturable: static shapes, no host syncs."""
         self.check_inputs(q, kv)
+        if out is not None:
+            self.check_out(q, out)
         rows = q.shape[0]
         indices = metadata.indices_for(rows)  # [rows, topk] int32, -1 = skip
-        out = torch.empty(rows, self.num_heads, D_V, dtype=q.dtype, device=q.device)
-        lse = torch.empty(rows, self.num_heads, dtype=torch.float32, device=q.device)
         step = self._chunk_rows(rows)
+        if step >= rows and out is None:  # the common case: one chunk, no output copies
+            o, lse = self._attend(q, kv, indices)
+            return o.to(q.dtype), lse
+        if out is None:
+            out = (torch.empty(rows, self.num_heads, D_V, dtype=q.dtype, device=q.device),
+                   torch.empty(rows, self.num_heads, dtype=torch.float32, device=q.device))
         for r0 in range(0, rows, step):
             r1 = min(rows, r0 + step)
-            o, l = self._attend(q[r0:r1], kv, indices[r0:r1])
-            out[r0:r1].copy_(o)
-            lse[r0:r1].copy_(l)
-        return out, lse
+            o, lse = self._attend(q[r0:r1], kv, indices[r0:r1])
+            out[0][r0:r1].copy_(o)
+            out[1][r0:r1].copy_(lse)
+        return out
 
     def _attend(
         self, q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # q: [n, H, 576], indices: [n, topk] -> out [n, H, 512] f32, lse [n, H] f32
-        pool = kv.shape[0]
-        idx = indices.long()
-        valid = (idx >= 0) & (idx < pool)  # [n, topk]
-        # [n, topk, 576] f32; skipped indices read as zeros (never NaN from the pool)
-        k = self.kv_rows_float(kv[idx.clamp(0, pool - 1)]).masked_fill(~valid[..., None], 0.0)
-        s = torch.einsum("nhd,ntd->nht", q.float(), k) * self.sm_scale
-        s = s.masked_fill(~valid[:, None, :], float("-inf"))
-        lse = torch.logsumexp(s, dim=-1)  # [n, H]; -inf for a row with no valid index
-        # exp(-inf - -inf) is NaN for empty rows: nan_to_num turns their weights into 0.
-        p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
-        out = torch.einsum("nht,ntv->nhv", p, k[..., :D_V])
+        # q: [n, H, 576], indices: [n, topk] -> out [n, H, 512] f32, lse [n, H] f32.
+        # Few, large ops: an eager call pays a launch per op, so each one is chosen to do the
+        # most (batched matmuls, not einsum; the mask as the additive bias of the first
+        # matmul; the softmax and lse from one max, one exp and one sum).
+        safe = indices.clamp(0, kv.shape[0] - 1)
+        skipped = safe != indices  # -1 and anything else outside the pool: never read
+        k = self.kv_rows_float(kv[safe])  # [n, topk, 576] f32 (FP8 tokens dequantised)
+        # An unselected row's data must not reach the output, not even as 0 * NaN.
+        k.masked_fill_(skipped[..., None], 0.0)
+        bias = torch.where(skipped, float("-inf"), 0.0)[:, None, :]  # [n, 1, topk]
+        s = torch.baddbmm(bias, q.float(), k.transpose(1, 2), alpha=self.sm_scale)  # [n, H, topk]
+        # A row with no valid index has max -inf: shift it by the lowest float instead, so it
+        # gets weights exp(-inf) = 0, sum 0, lse -inf and out 0. NaN (from q or a selected KV
+        # row) passes through max, clamp and exp, and so propagates, as in the kernels.
+        m = s.amax(dim=-1, keepdim=True).clamp_min_(_F32_LOWEST)
+        e = (s - m).exp_()
+        total = e.sum(dim=-1, keepdim=True)
+        lse = total.log().add_(m).squeeze(-1)
+        out = torch.bmm(e.div_(total.clamp_min(_F32_TINY)), k[..., :D_V])
         return out, lse

@@ -12,9 +12,8 @@ from __future__ import annotations
 import torch
 
 from ..common.kv_layout import KV_AUTO, KV_FP8
-from ..common.metadata import GraphMetadata
 from ..kernels.launch import TRTLLM, LaunchPlan
-from ._triton import TritonBackend, direct_plan
+from ._triton import TritonBackend
 from .base import GraphSupport
 
 
@@ -31,16 +30,3 @@ class TrtllmBackend(TritonBackend):
     def _build_plan(self, rows: int, aligned: bool, ws_splits: int) -> LaunchPlan:
         return self._module.plan_trtllm(rows, self.num_heads, self.topk, ws_splits, self.kv_fp8)
 
-    def forward(
-        self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """See :meth:`AttentionBackend.forward`. Capturable (within the reserved rows)."""
-        self.check_call(q, kv, metadata)
-        rows = q.shape[0]
-        counter = metadata.counter_for(rows)  # [rows, cols] int32 zeros; the kernel re-zeroes it
-        indices = metadata.indices_for(rows)
-        plan = direct_plan(self, metadata, q, kv)
-        if plan is not None:
-            return self._module.run_trtllm(plan, q, kv, indices, self.sm_scale, counter,
-                                           *metadata.workspace_for(rows, plan.workspace_splits))
-        return self._op(q, kv, indices, self.sm_scale, counter, *metadata.workspace_for(rows))

@@ -19,14 +19,14 @@ from typing import Any, Callable
 
 import torch
 
-from ..backends import add_attn_backend_arg, resolve_backend
+from ..backends import accepts_out, add_attn_backend_arg, resolve_backend
 from ..backends.base import kv_kwargs
 from ..common.kv_layout import resolve_kv_dtype
 from ..common.platform import Platform, current_platform
 from ..common.reference import sparse_mla_reference
 from ..common.tolerances import tolerance
 from ..graphs import GraphRunner, eager_on_graph
-from .host import default_calls, host_cost
+from .host import default_calls, default_repeats, host_cost
 from .workload import H200_BYTES_PER_S, H200_FLOP_PER_S, DecodeWorkload, make_generator
 
 MODES = ("eager", "full", "breakable")
@@ -91,7 +91,8 @@ class ModeBench:
                  platform: Platform, sanitize: bool):
         self.mode, self.backend, self.wl, self.kv, self.platform = mode, backend, wl, kv, platform
         self.metadata = backend.make_metadata(wl.max_rows)  # one metadata per runner
-        attention = eager_on_graph(backend.forward)  # a break only in breakable mode
+        # A break only in breakable mode; replays write into the captured outputs (no copy).
+        attention = eager_on_graph(backend.forward, out="out" if accepts_out(backend.forward) else None)
 
         def step(**qs: torch.Tensor) -> tuple[torch.Tensor, ...]:
             return tuple(attention(qs[f"q{i}"], kv_i, self.metadata)[0] for i, kv_i in enumerate(kv))
@@ -219,7 +220,8 @@ def run_bench(wl: DecodeWorkload, backend_name: str, modes: tuple[str, ...], ite
                 report["checks"].append(bench.check(rows))
         if mode == "eager":
             for rows in wl.batch_sizes:
-                report["host"].append(host_cost(backend, wl, kv[0], rows, platform, default_calls(platform)))
+                report["host"].append(host_cost(backend, wl, kv[0], rows, platform, default_calls(platform),
+                                                    repeats=default_repeats(platform)))
         del bench
         gc.collect()  # the runner's progress callback makes a cycle; free its graphs now
         platform.empty_cache()

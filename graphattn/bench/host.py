@@ -9,6 +9,9 @@ well above ``forward_host_us`` the GPU, not the host, set the pace.
 Command line (a markdown table)::
 
     python -m graphattn.bench.host --backends flashmla,trtllm,flashmla_mega,torch --heads 16,128 --rows 1,8
+
+``--profile DIR`` also writes a cProfile of each point's timed ``forward`` calls
+(``DIR/<backend>_h<heads>_r<rows>.txt``, functions by own time) to see where host time goes.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from .workload import DecodeWorkload, make_generator
 
 
 def host_cost(backend, wl: DecodeWorkload, kv: torch.Tensor, rows: int, platform: Platform,
-              calls: int) -> dict[str, Any]:
-    """Host µs per ``plan`` and per ``forward`` of ``backend`` at ``rows`` rows (see module doc)."""
+              calls: int, profile: str | None = None, repeats: int = 1) -> dict[str, Any]:
+    """Host µs per ``plan`` and per ``forward`` of ``backend`` at ``rows`` rows (see module doc):
+    the best of ``repeats`` timings of ``calls`` back-to-back calls each (a host shared with
+    other work gives the same point up to 1.5x apart between repeats; the best is the cost)."""
     md = backend.make_metadata(rows)
     gen = make_generator(platform.device, wl.seed + 31 + rows)
     q = wl.make_q(rows, platform.device, gen)[0]
@@ -35,25 +40,55 @@ def host_cost(backend, wl: DecodeWorkload, kv: torch.Tensor, rows: int, platform
     backend.plan(md, idx)
     for _ in range(min(calls, 10)):  # compile, memoise the plan, warm the allocator
         backend.forward(q, kv, md)
-    platform.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        backend.plan(md, idx)
-    plan_s = (time.perf_counter() - t0) / calls
-    platform.synchronize()
-    t0 = time.perf_counter()
+    plan_s = host_s = wall_s = float("inf")
+    for _ in range(max(1, repeats)):
+        platform.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            backend.plan(md, idx)
+        plan_s = min(plan_s, (time.perf_counter() - t0) / calls)
+        platform.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            backend.forward(q, kv, md)
+        host_s = min(host_s, (time.perf_counter() - t0) / calls)
+        platform.synchronize()
+        wall_s = min(wall_s, (time.perf_counter() - t0) / calls)
+    if profile:
+        _profile_forward(backend, q, kv, md, calls, platform, profile)
+    return {"backend": backend.name, "heads": backend.num_heads, "rows": rows, "calls": calls,
+            "repeats": max(1, repeats), "plan_us": plan_s * 1e6, "forward_host_us": host_s * 1e6,
+            "forward_wall_us": wall_s * 1e6}
+
+
+def _profile_forward(backend, q, kv, md, calls: int, platform: Platform, folder: str) -> None:
+    import cProfile
+    import io
+    import os
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
     for _ in range(calls):
         backend.forward(q, kv, md)
-    host_s = (time.perf_counter() - t0) / calls
+    prof.disable()
     platform.synchronize()
-    wall_s = (time.perf_counter() - t0) / calls
-    return {"backend": backend.name, "heads": backend.num_heads, "rows": rows, "calls": calls,
-            "plan_us": plan_s * 1e6, "forward_host_us": host_s * 1e6, "forward_wall_us": wall_s * 1e6}
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
+    os.makedirs(folder, exist_ok=True)
+    name = f"{backend.name}_h{backend.num_heads}_r{q.shape[0]}.txt"
+    with open(os.path.join(folder, name), "w") as f:
+        f.write(f"{calls} calls\n{text.getvalue()}")
 
 
 def default_calls(platform: Platform) -> int:
     """200 on a GPU; 2 under the Triton interpreter (each call there takes a second or more)."""
     return 200 if platform.has_gpu else 2
+
+
+def default_repeats(platform: Platform) -> int:
+    """Timings per point, the best kept: 5 on a GPU, 1 under the interpreter."""
+    return 5 if platform.has_gpu else 1
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
@@ -79,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=_ints, default=[1, 8])
     p.add_argument("--topk", type=int, default=None, help="default: the platform's workload top-k")
     p.add_argument("--calls", type=int, default=None, help="calls per timing (default: 200 on a GPU)")
+    p.add_argument("--repeats", type=int, default=None, help="timings per point, best kept (default: 5 on a GPU)")
+    p.add_argument("--profile", metavar="DIR", default=None,
+                   help="also write a cProfile of each point's forward calls into DIR")
     args = p.parse_args(argv)
     platform = current_platform()
     base = DecodeWorkload.default_for(platform)
@@ -91,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.backends.split(","):
             backend = get_backend_class(name)(heads, wl.topk, wl.dtype, platform=platform)
             for rows in args.rows:
-                results.append(host_cost(backend, wl, kv, rows, platform, calls))
+                results.append(host_cost(backend, wl, kv, rows, platform, calls, args.profile,
+                                         args.repeats or default_repeats(platform)))
                 print(f"[host] {results[-1]}", file=sys.stderr, flush=True)
     print(markdown(results))
     return 0

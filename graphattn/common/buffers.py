@@ -20,6 +20,16 @@ from .capture import is_capturing
 from .errors import CaptureCapacityError, CapturedBufferGrowthError
 
 
+_storage_epoch = 0  # bumped whenever any buffer replaces its storage
+
+
+def storage_epoch() -> int:
+    """A number that changes whenever any :class:`GrowOnlyBuffer` replaces its storage (it grew
+    before capture). Objects that keep views of buffers across calls (bound launch calls)
+    compare it to know their views are still the live storage."""
+    return _storage_epoch
+
+
 class OverflowPolicy(str, enum.Enum):
     """What a captured buffer does when asked for more rows than it holds.
 
@@ -108,8 +118,10 @@ class GrowOnlyBuffer:
             raise CapturedBufferGrowthError(self.name, self.capacity, rows)
         if is_capturing():
             raise CaptureCapacityError(self.name, self.capacity, rows)
+        global _storage_epoch
         self._data = self._allocate(rows)
         self._views = {}
+        _storage_epoch += 1
 
     def view(self, rows: int) -> torch.Tensor:
         """A ``[rows, *row_shape]`` slice of the storage (never a copy).

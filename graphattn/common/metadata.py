@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from .buffers import GrowOnlyBuffer, OverflowPolicy
+from typing import Any, Callable, Hashable
+
+from .buffers import GrowOnlyBuffer, OverflowPolicy, storage_epoch
 
 D_QK = 576  # DeepSeek MLA: 512 latent ("nope") + 64 rotary dims per query/key
 D_V = 512  # V is the first 512 columns of the latent KV
@@ -74,6 +76,11 @@ class GraphMetadata:
         self.num_rows = 0
         self.num_planned_rows = 0
         self._ws_views: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._q_heads: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # rows -> (q_pad rows, real heads)
+        self._bound: dict[Hashable, Any] = {}
+        self._dirty_storage: torch.Tensor | None = None  # the index table _dirty_rows describes
+        self._dirty_rows = 0
+        self._bound_epoch = storage_epoch()
 
         def buf(name, row_shape, dt, policy, fill=0, rows=0):
             return GrowOnlyBuffer(name, row_shape, dt, self.device, policy, rows, fill)
@@ -159,7 +166,12 @@ class GraphMetadata:
                 f"got {tuple(q.shape)} {q.dtype}"
             )
         padded = self.q_pad.view(q.shape[0])
-        padded[:, : self.num_heads].copy_(q)
+        heads = self._q_heads.get(q.shape[0])
+        if heads is None or heads[0] is not padded:  # new row count, or the storage grew
+            heads = (padded, padded.narrow(1, 0, self.num_heads))
+            if not torch.compiler.is_compiling():
+                self._q_heads[q.shape[0]] = heads
+        heads[1].copy_(q)
         return padded
 
     def counter_for(self, rows: int) -> torch.Tensor:
@@ -208,6 +220,20 @@ class GraphMetadata:
         """``[rows, topk]`` int32 slice of the persistent index table."""
         return self.indices.view(rows)
 
+    def bound_call(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """A launch-ready call over this metadata's views, kept per ``key`` (``build()`` makes
+        it on a miss; ``None`` is not kept). Every kept call is forgotten when any buffer's
+        storage is replaced, so none outlives the views it holds. Host side, eager only."""
+        if self._bound_epoch != storage_epoch():
+            self._bound.clear()
+            self._bound_epoch = storage_epoch()
+        call = self._bound.get(key)
+        if call is None:
+            call = build()
+            if call is not None and self._bound_epoch == storage_epoch():
+                self._bound[key] = call
+        return call
+
     # -- replays --------------------------------------------------------------------------
     def refresh_(self, indices: torch.Tensor, pad_to: int | None = None) -> None:
         """Write a step's ``indices [n, topk]`` into the persistent table, in place.
@@ -222,11 +248,18 @@ class GraphMetadata:
         n = indices.shape[0]
         rows = max(n, pad_to or 0)
         table = self.indices.view(rows)
+        # Rows at or past ``_dirty_rows`` of this storage still hold -1 (from allocation or an
+        # earlier fill), so padding rows are filled only where a larger step wrote before: a
+        # steady batch size costs one copy per step, not a copy and a fill.
+        dirty = self._dirty_rows if self._dirty_storage is self.indices.tensor else 0
         if rows == n:
             table.copy_(indices)
         else:
             table[:n].copy_(indices)
-            table[n:].fill_(-1)
+            if dirty > n:
+                table[n:min(rows, dirty)].fill_(-1)
+        self._dirty_storage = self.indices.tensor
+        self._dirty_rows = max(n, dirty) if dirty > rows else n
         self.num_rows = n
         self.num_planned_rows = rows
 

@@ -18,14 +18,27 @@ class CudaGraphSegment(StreamGraphSegment):
 
     ``capture_begin()`` makes the side stream wait for the caller's stream, enters it and
     starts capturing; ``capture_end()`` ends the capture and makes the caller's stream wait for
-    the side stream. ``replay()`` launches the graph on the current stream.
+    the side stream. ``replay()`` launches the graph on the current stream (skipped when the
+    capture recorded nothing).
     """
 
     stream_key = "cuda"
+    empty = False  # set when the capture recorded no work
 
     def _end_graph(self) -> None:
-        # A segment that holds only a break's neighbours can be empty; torch warns, but an
-        # empty graph is valid and replays as a no-op.
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*CUDA Graph is empty.*")
+        # A segment that holds only a break's neighbours can be empty (torch checks the node
+        # count and warns). An empty graph replays as a no-op, so replay() skips its launch:
+        # a breakable graph whose breaks sit back to back pays no graph launch between them.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             self.graph.capture_end()
+        for w in caught:
+            if "CUDA Graph is empty" in str(w.message):
+                self.empty = True
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+    def replay(self) -> None:
+        """Launch the captured graph on the current stream (nothing to launch when empty)."""
+        if not self.empty:
+            self.graph.replay()

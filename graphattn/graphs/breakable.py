@@ -35,35 +35,49 @@ log = logging.getLogger(__name__)
 _active = threading.local()  # the BreakableGraph capturing on this thread, if any
 
 
-def eager_on_graph(fn: Callable) -> Callable:
+def eager_on_graph(fn: Callable | None = None, *, out: str | None = None) -> Callable:
     """Mark ``fn`` as a graph break: during a BreakableGraph capture it runs eagerly between
     two segments (and again on every replay); anywhere else it is just called.
 
     ``fn`` must return tensors (or nested tuples/lists/dicts of them, or None) whose shapes do
-    not change between capture and replay; later segments read those tensors' addresses.
+    not change between capture and replay; later segments read those tensors' addresses, so a
+    replay copies each new result into them. ``out``: the name of a keyword through which
+    ``fn`` writes into given tensors and returns them (``AttentionBackend.forward``'s
+    ``out``): replays then pass the captured outputs and nothing is copied. Use as
+    ``eager_on_graph(f)``, ``eager_on_graph(f, out="out")`` or ``@eager_on_graph(out="out")``.
     """
+    if fn is None:
+        return functools.partial(eager_on_graph, out=out)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         graph = getattr(_active, "graph", None)
         if graph is None or not graph.breaks:
             return fn(*args, **kwargs)
-        return graph._run_break(fn, args, kwargs)
+        return graph._run_break(fn, args, kwargs, out)
 
     wrapper.eager_on_graph = True
     return wrapper
 
 
 class _Break:
-    """A recorded break: the eager function, its arguments (held strongly), its output."""
+    """A recorded break: the eager function, its arguments (held strongly), its output, and
+    the keyword (if any) through which a replay hands ``fn`` that output to write into."""
 
-    def __init__(self, fn: Callable, args: tuple, kwargs: dict, out: Any):
-        self.fn, self.args, self.kwargs, self.out = fn, args, kwargs, out
+    def __init__(self, fn: Callable, args: tuple, kwargs: dict, out: Any, out_kwarg: str | None = None):
+        self.fn, self.args, self.out = fn, args, out
+        self.kwargs = {**kwargs, out_kwarg: out} if out_kwarg else kwargs
+        self.held, _ = tree_flatten(out)
 
     def run(self) -> None:
-        """Re-run the function and copy its result into the output later segments read."""
-        new, _ = tree_flatten(self.fn(*self.args, **self.kwargs))
-        held, _ = tree_flatten(self.out)
+        """Re-run the function and copy its result into the output later segments read
+        (nothing to copy when it wrote there itself)."""
+        res = self.fn(*self.args, **self.kwargs)
+        held = self.held
+        if res is self.out or (type(res) is tuple and len(res) == len(held)
+                               and all(n is h for n, h in zip(res, held))):
+            return
+        new, _ = tree_flatten(res)
         name = getattr(self.fn, "__qualname__", repr(self.fn))
         if len(new) != len(held):
             raise RuntimeError(f"break '{name}' returned {len(new)} values, captured {len(held)}")
@@ -199,7 +213,7 @@ class BreakableGraph:
         except Exception as exc:  # the device may refuse to end an invalidated capture
             log.debug("ending the failed capture also raised: %s", exc)
 
-    def _run_break(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
+    def _run_break(self, fn: Callable, args: tuple, kwargs: dict, out_kwarg: str | None = None) -> Any:
         """Called by an ``eager_on_graph`` function during capture."""
         self._end_segment()
         _active.graph = None  # breaks called inside a break just run
@@ -210,7 +224,7 @@ class BreakableGraph:
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self.tracker.add_pool(t.untyped_storage())  # the graph owns it (held below)
-        self._breaks.append(_Break(fn, args, kwargs, out))
+        self._breaks.append(_Break(fn, args, kwargs, out, out_kwarg))
         self._begin_segment()
         return out
 

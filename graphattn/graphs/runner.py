@@ -106,6 +106,13 @@ class GraphRunner:
         self.progress, self.log_every = progress, max(1, int(log_every))
         self.graphs: dict[int, BreakableGraph] = {}
         self.pool: Any = None
+        # Per-step host work kept small (an engine calls run() every decode step): row views of
+        # the static inputs and of each bucket's outputs are made once per row count, and
+        # padding rows are refilled only where an earlier, larger step wrote live rows (every
+        # static row at or past ``_dirty_rows`` holds its pad value).
+        self._row_views: dict[int, list[tuple[torch.Tensor, str]]] = {}
+        self._out_views: dict[tuple[int, int], Any] = {}
+        self._dirty_rows = 0
 
     # -- capture ------------------------------------------------------------------------
     def _inputs(self, rows: int) -> dict[str, torch.Tensor]:
@@ -191,11 +198,24 @@ class GraphRunner:
             if bucket is not None:
                 raise RuntimeError("GraphRunner.run() before capture()")
             return self.fn(**live)
-        for name, t in live.items():
-            self.static[name][:rows].copy_(t)
-        self._pad(rows, bucket)
+        views = self._row_views.get(rows)
+        if views is None:
+            views = self._row_views[rows] = [(t.narrow(0, 0, rows), n) for n, t in self.static.items()]
+        for view, name in views:
+            view.copy_(live[name])
+        dirty = self._dirty_rows
+        if dirty > rows:
+            self._pad(rows, min(bucket, dirty))
+        self._dirty_rows = rows if dirty <= bucket else dirty
         out = self.graphs[bucket].replay()
-        return tree_map(lambda t: t[:rows] if isinstance(t, torch.Tensor) else t, out)
+        if rows == bucket:
+            return out
+        key = (bucket, rows)
+        sliced = self._out_views.get(key)
+        if sliced is None:
+            sliced = self._out_views[key] = tree_map(
+                lambda t: t.narrow(0, 0, rows) if isinstance(t, torch.Tensor) else t, out)
+        return sliced
 
     def check(self) -> None:
         """Sanitize every bucket's graph now (raises :class:`FreedCaptureBufferError`)."""

@@ -8,7 +8,7 @@ split the first launch writes ``out``/``lse`` directly and the combine is skippe
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import triton
@@ -19,7 +19,7 @@ from ..common.metadata import D_QK, D_V
 from ..common.platform import Platform, current_platform
 from . import checks
 from ._core import LOG2E, _split_program, _store_final, _store_partial
-from .launch import FLASHMLA, LaunchPlan, aligned_16, make_launch, memoised
+from .launch import FLASHMLA, KeyedLaunch, LaunchPlan, aligned_16, call_key, make_launch, memoised
 from .plan import cdiv, empty_outputs, kv_fp8_constexpr, launch_parts, path_config, split_layout
 
 PATH = FLASHMLA.name
@@ -141,27 +141,39 @@ def plan_flashmla(rows: int, heads: int, topk: int, ws_splits: int, aligned: boo
     return _plan(current_platform(), rows, heads, topk, ws_splits, aligned, kv_fp8)
 
 
-def run_flashmla(plan: LaunchPlan, q, kv, indices, sm_scale: float, ws_out, ws_lse):
-    """Launch ``plan`` (both kernels); returns ``out [rows, H, 512]``, ``lse [rows, H]``.
+def bind_flashmla(plan: LaunchPlan, indices, sm_scale: float, ws_out, ws_lse) -> Callable[..., Any]:
+    """``plan`` with its fixed arguments bound: returns ``call(q, kv, dst=None) -> (out, lse)``
+    that launches both kernels (``out [rows, H, 512]`` in q's dtype, ``lse [rows, H]`` f32;
+    written into ``dst = (out, lse)`` when given, contiguous, else allocated).
 
-    No input checks: :func:`sparse_mla_flashmla` checks before it calls this, and backends
-    check what they pass (shapes, dtypes, contiguous last dims, one device).
+    ``indices`` ``[rows, topk]`` and the workspace views stay the same objects for the bound
+    call's life (a backend keeps one per metadata and row count); each call keys its
+    specialised launchers by what may differ (:func:`call_key`). No input checks:
+    :func:`sparse_mla_flashmla` checks before it binds, and backends check what they pass.
     """
-    out, lse = empty_outputs(q)
-    if not plan.rows:
+    main = KeyedLaunch(plan.main)
+    combine = KeyedLaunch(plan.combine) if plan.combine is not None else None
+    ws = (ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0), ws_lse.stride(1))
+    heads, topk, split_len, splits = plan.heads, plan.topk, plan.split_len, plan.splits
+    qk_scale, idx_stride = sm_scale * LOG2E, indices.stride(0)
+
+    def call(q, kv, dst=None):
+        out, lse = empty_outputs(q) if dst is None else dst
+        if not plan.rows:
+            return out, lse
+        key, qs, kv_stride = call_key(q, kv, out, lse)
+        main(key, q, kv, indices, ws_out, ws_lse, out, lse, heads, kv.shape[0], topk, split_len,
+             splits, qk_scale, qs[0], qs[1], kv_stride, idx_stride, *ws)
+        if combine is not None:
+            combine(key, ws_out, ws_lse, out, lse, heads, splits, *ws)
         return out, lse
-    plan.main(
-        q, kv, indices, ws_out, ws_lse, out, lse,
-        plan.heads, kv.shape[0], plan.topk, plan.split_len, plan.splits, sm_scale * LOG2E,
-        q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
-        ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0), ws_lse.stride(1),
-    )
-    if plan.combine is not None:
-        plan.combine(
-            ws_out, ws_lse, out, lse, plan.heads, plan.splits,
-            ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0), ws_lse.stride(1),
-        )
-    return out, lse
+
+    return call
+
+
+def run_flashmla(plan: LaunchPlan, q, kv, indices, sm_scale: float, ws_out, ws_lse):
+    """Launch ``plan`` once (see :func:`bind_flashmla`); returns ``out``, ``lse``."""
+    return bind_flashmla(plan, indices, sm_scale, ws_out, ws_lse)(q, kv)
 
 
 def _check(q, kv, indices, ws_out, ws_lse) -> None:

@@ -17,6 +17,7 @@ compiling or watching the dispatch (no ``TorchDispatchMode`` on the stack).
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
@@ -62,16 +63,181 @@ MEGA = KernelSpec("mega", "sparse_mla_mega", uses_counter=False, uses_workspace=
 SPECS = {s.name: s for s in (FLASHMLA, TRTLLM, MEGA)}
 
 
-@dataclass(frozen=True)
-class Launch:
-    """One kernel launch: ``fn[grid](*args, **kwargs)`` with fixed constexprs and options."""
+# Debug switch, read once: GRAPHATTN_LAUNCHER=jit sends every launch through Triton's
+# JITFunction.run (argument binding, specialisation and cache lookup on each call).
+_CACHED_LAUNCHER = os.environ.get("GRAPHATTN_LAUNCHER", "cached") != "jit"
 
-    fn: Any  # a @triton.jit or @gluon.jit function
-    grid: tuple[int, ...]
-    kwargs: Mapping[str, Any]  # constexprs and Triton launch options
+
+class _Triton:
+    """What a cached launch needs from Triton's runtime, looked up once on the first compiled
+    launch (never on a machine where only the interpreter runs)."""
+
+    device: Callable[[], int] | None = None
+    stream: Callable[[int], int] | None = None
+    knobs: Any = None
+    raw_ok = False
+
+    raw_launch_versions = ("3.6.",)  # NVIDIA launchers whose raw entry point was checked
+
+    @classmethod
+    def load(cls) -> None:
+        if cls.device is None:
+            import triton
+            from triton import knobs
+            from triton.runtime import driver
+
+            cls.knobs = knobs.runtime
+            cls.stream = driver.active.get_current_stream
+            device = driver.active.get_current_device
+            # Triton asks torch.cuda.current_device(), whose Python wrapper only adds a lazy
+            # init that has happened by the time a kernel was compiled: ask torch's C query.
+            if device is torch.cuda.current_device and hasattr(torch._C, "_cuda_getDevice"):
+                device = torch._C._cuda_getDevice
+            cls.device = device
+            cls.raw_ok = triton.__version__.startswith(cls.raw_launch_versions)
+
+    @classmethod
+    def raw_launcher(cls, launcher: Any) -> tuple[Callable[..., None], Any, Any] | None:
+        """``(entry, cooperative, pdl)``: the C entry point behind an NVIDIA ``CudaLauncher``
+        with no scratch memory to allocate, and its fixed launch flags; ``None`` where the
+        wrapper must run (other versions, AMD, kernels with scratch memory)."""
+        if not getattr(cls, "raw_ok", False) or type(launcher).__name__ != "CudaLauncher":
+            return None
+        if getattr(launcher, "global_scratch_size", 1) or getattr(launcher, "profile_scratch_size", 1):
+            return None
+        launch = getattr(launcher, "launch", None)
+        if launch is None:
+            return None
+        return launch, launcher.launch_cooperative_grid, launcher.launch_pdl
+
+    @classmethod
+    def hooks_active(cls) -> bool:
+        # Triton 3.6 keeps an always-present (usually empty) HookChain; older versions None.
+        hook = cls.knobs.launch_enter_hook
+        return hook is not None and bool(getattr(hook, "calls", True))
+
+
+class Launch:
+    """One kernel launch: ``fn[grid](*args, **kwargs)`` with fixed constexprs and options.
+
+    Calling it goes through Triton's ``JITFunction.run`` (binding, specialisation, cache
+    lookup). :meth:`specialised` returns a launcher that skips all of that for later calls
+    with arguments that specialise alike; :class:`KeyedLaunch` keeps one per call key.
+
+    Attributes (read-only by convention; plans are shared):
+        fn: the ``@triton.jit`` or ``@gluon.jit`` function.
+        grid: launch grid, 1 to 3 ints.
+        kwargs: constexprs and Triton launch options (``num_warps`` ...).
+    """
+
+    __slots__ = ("fn", "grid", "kwargs", "_grid3", "_tail")
+
+    def __init__(self, fn: Any, grid: tuple[int, ...], kwargs: Mapping[str, Any]):
+        self.fn, self.grid, self.kwargs = fn, tuple(grid), kwargs
+        self._grid3 = (self.grid + (1, 1))[:3]
+        self._tail: tuple[Any, ...] | None = None  # constexpr values after the positional args
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Launch):
+            return NotImplemented
+        return (self.fn, self.grid, dict(self.kwargs)) == (other.fn, other.grid, dict(other.kwargs))
+
+    def __hash__(self) -> int:
+        return hash((self.fn, self.grid, tuple(sorted(self.kwargs.items()))))
+
+    def __repr__(self) -> str:
+        name = getattr(self.fn, "__name__", None) or getattr(self.fn, "_fn_name", repr(self.fn))
+        return f"Launch({name}, grid={self.grid}, {dict(self.kwargs)})"
 
     def __call__(self, *args: Any) -> Any:
         return self.fn[self.grid](*args, **self.kwargs)
+
+    def specialised(self, *args: Any) -> Callable[..., None]:
+        """Launch with ``args`` through Triton (compiling if needed) and return a launcher
+        ``f(*args)`` for later calls on the current device.
+
+        ``f`` hands its arguments straight to the compiled kernel's launcher, so the caller
+        must only pass arguments that Triton specialises as it did these (the same dtypes,
+        16-byte alignment, and scalars in the same ``== 1`` / ``% 16`` classes):
+        :class:`KeyedLaunch` keys them. Where no compiled kernel came back (the interpreter),
+        ``f`` is Triton's path; with ``GRAPHATTN_LAUNCHER=jit`` too, and while a launch hook
+        (a profiler) is registered ``f`` takes Triton's path for that call.
+        """
+        kernel = self(*args)
+        function = getattr(kernel, "function", None)
+        if not _CACHED_LAUNCHER or function is None or not hasattr(kernel, "run"):
+            return self.__call__
+        _Triton.load()
+        if self._tail is None:
+            params = list(self.fn.signature.parameters.values())[len(args):]
+            self._tail = tuple(self.kwargs.get(p.name, p.default) for p in params)
+        launcher, packed, tail = kernel.run, kernel.packed_metadata, self._tail
+        g0, g1, g2 = self._grid3
+        device = _Triton.device()
+        stream, hooks_active = _Triton.stream, _Triton.hooks_active
+        raw = _Triton.raw_launcher(launcher)
+        if raw is not None:
+            # Triton 3.6's CudaLauncher.__call__ only adds (no) scratch buffers and its launch
+            # flags: (grid, stream, function, cooperative, pdl, scratch x2, packed, ...).
+            entry, coop, pdl = raw
+
+            def launch_raw(*a: Any) -> None:
+                if hooks_active():
+                    self(*a)
+                else:
+                    entry(g0, g1, g2, stream(device), function, coop, pdl, None, None, packed,
+                          None, None, None, *a, *tail)
+
+            return launch_raw
+
+        def launch(*a: Any) -> None:
+            if hooks_active():
+                self(*a)
+            else:
+                launcher(g0, g1, g2, stream(device), function, packed, None, None, None, *a, *tail)
+
+        return launch
+
+
+class KeyedLaunch:
+    """One :class:`Launch`'s specialised launchers, one per call key.
+
+    A bound call (a launch plan with its fixed arguments: the metadata's index table and
+    workspace views, their strides, the plan's scalars) owns one. The key it passes must hold
+    everything Triton specialises on that can differ between its calls: the current device,
+    the dtypes, strides and pool size of q and kv, and whether the tensors are 16-byte aligned.
+    """
+
+    __slots__ = ("launch", "_launchers")
+
+    def __init__(self, launch: Launch):
+        self.launch = launch
+        self._launchers: dict[Any, Callable[..., None]] = {}
+
+    def __call__(self, key: Any, *args: Any) -> None:
+        fast = self._launchers.get(key)
+        if fast is not None:
+            fast(*args)
+            return
+        if len(self._launchers) >= 16:  # many keys (fuzzing strides): start over
+            self._launchers.clear()
+        self._launchers[key] = self.launch.specialised(*args)
+
+
+def current_device_index() -> int:
+    """The device Triton launches on (-1 before the first compiled launch, and on the CPU)."""
+    return _Triton.device() if _Triton.device is not None else -1
+
+
+def call_key(q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor,
+             lse: torch.Tensor) -> tuple[tuple[Any, ...], tuple[int, ...], int]:
+    """``(key, q.stride(), kv.stride(0))`` of one bound call (see :class:`KeyedLaunch`): the
+    device, q's and kv's dtypes, strides and pool size (exact values, so equal keys always
+    specialise alike), and whether q, kv, out and lse are all 16-byte aligned. The strides
+    come back so the caller does not ask for them twice."""
+    qs, kvs = q.stride(), kv.stride(0)
+    aligned = (q.data_ptr() | kv.data_ptr() | out.data_ptr() | lse.data_ptr()) & 15
+    return (current_device_index(), q.dtype, kv.dtype, kv.shape[0], qs, kvs, aligned), qs, kvs
 
 
 def make_launch(fn: Any, grid: tuple[int, ...], **kwargs: Any) -> Launch:

@@ -7,6 +7,8 @@ directly. Nothing is split, so it fills the device only when ``rows x head block
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -16,7 +18,7 @@ from ..common.metadata import D_QK, D_V
 from ..common.platform import Platform, current_platform
 from . import checks
 from ._core import LOG2E, _attend_range, _finalize, _load_q, _store_final
-from .launch import MEGA, LaunchPlan, make_launch, memoised
+from .launch import MEGA, KeyedLaunch, LaunchPlan, call_key, make_launch, memoised
 from .plan import cdiv, empty_outputs, kv_fp8_constexpr, launch_parts, path_config
 
 PATH = MEGA.name
@@ -60,14 +62,29 @@ def plan_mega(rows: int, heads: int, topk: int, kv_fp8: bool = False) -> LaunchP
     return _plan(current_platform(), rows, heads, topk, kv_fp8)
 
 
+def bind_mega(plan: LaunchPlan, indices, sm_scale: float) -> Callable[..., Any]:
+    """``plan`` with its index table bound: returns ``call(q, kv, dst=None) -> (out, lse)``
+    (``out [rows, H, 512]`` in q's dtype, ``lse [rows, H]`` f32; into ``dst`` when given); see
+    ``flashmla.bind_flashmla``. No input checks (:func:`sparse_mla_mega` checks first;
+    backends check what they pass)."""
+    main = KeyedLaunch(plan.main)
+    heads, topk, qk_scale, idx_stride = plan.heads, plan.topk, sm_scale * LOG2E, indices.stride(0)
+
+    def call(q, kv, dst=None):
+        out, lse = empty_outputs(q) if dst is None else dst
+        if not plan.rows:
+            return out, lse
+        key, qs, kv_stride = call_key(q, kv, out, lse)
+        main(key, q, kv, indices, out, lse, heads, kv.shape[0], topk, qk_scale, qs[0], qs[1],
+             kv_stride, idx_stride)
+        return out, lse
+
+    return call
+
+
 def run_mega(plan: LaunchPlan, q, kv, indices, sm_scale: float):
-    """Launch ``plan``; returns ``out [rows, H, 512]``, ``lse [rows, H]``. No input checks
-    (:func:`sparse_mla_mega` checks first; backends check what they pass)."""
-    out, lse = empty_outputs(q)
-    if plan.rows:
-        plan.main(q, kv, indices, out, lse, plan.heads, kv.shape[0], plan.topk, sm_scale * LOG2E,
-                  q.stride(0), q.stride(1), kv.stride(0), indices.stride(0))
-    return out, lse
+    """Launch ``plan`` once (see :func:`bind_mega`); returns ``out``, ``lse``."""
+    return bind_mega(plan, indices, sm_scale)(q, kv)
 
 
 @torch.library.custom_op("graphattn::sparse_mla_mega", mutates_args=())

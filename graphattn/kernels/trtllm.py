@@ -15,6 +15,8 @@ No program ever waits on another, so there is no deadlock whatever the schedulin
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -24,7 +26,7 @@ from ..common.metadata import D_QK, D_V
 from ..common.platform import Platform, current_platform
 from . import checks
 from ._core import LOG2E, _combine_splits, _split_program, _store_final, _store_partial
-from .launch import TRTLLM, LaunchPlan, make_launch, memoised
+from .launch import TRTLLM, KeyedLaunch, LaunchPlan, call_key, make_launch, memoised
 from .plan import cdiv, empty_outputs, kv_fp8_constexpr, launch_parts, path_config, split_layout
 
 PATH = TRTLLM.name
@@ -82,18 +84,33 @@ def plan_trtllm(rows: int, heads: int, topk: int, ws_splits: int, kv_fp8: bool =
     return _plan(current_platform(), rows, heads, topk, ws_splits, kv_fp8)
 
 
+def bind_trtllm(plan: LaunchPlan, indices, sm_scale: float, counter, ws_out, ws_lse) -> Callable[..., Any]:
+    """``plan`` with its fixed arguments bound: returns ``call(q, kv, dst=None) -> (out, lse)``
+    (``out [rows, H, 512]`` in q's dtype, ``lse [rows, H]`` f32; into ``dst`` when given).
+    ``indices``, ``counter`` and the workspace views stay the same objects for the bound
+    call's life (see ``flashmla.bind_flashmla``). No input checks (:func:`sparse_mla_trtllm`
+    checks first; backends check what they pass)."""
+    main = KeyedLaunch(plan.main)
+    fixed = (indices.stride(0), counter.stride(0), ws_out.stride(0), ws_out.stride(1),
+             ws_out.stride(2), ws_lse.stride(0), ws_lse.stride(1))
+    heads, topk, split_len, splits = plan.heads, plan.topk, plan.split_len, plan.splits
+    qk_scale = sm_scale * LOG2E
+
+    def call(q, kv, dst=None):
+        out, lse = empty_outputs(q) if dst is None else dst
+        if not plan.rows:
+            return out, lse
+        key, qs, kv_stride = call_key(q, kv, out, lse)
+        main(key, q, kv, indices, counter, ws_out, ws_lse, out, lse, heads, kv.shape[0], topk,
+             split_len, splits, qk_scale, qs[0], qs[1], kv_stride, *fixed)
+        return out, lse
+
+    return call
+
+
 def run_trtllm(plan: LaunchPlan, q, kv, indices, sm_scale: float, counter, ws_out, ws_lse):
-    """Launch ``plan``; returns ``out [rows, H, 512]``, ``lse [rows, H]``. No input checks
-    (:func:`sparse_mla_trtllm` checks first; backends check what they pass)."""
-    out, lse = empty_outputs(q)
-    if plan.rows:
-        plan.main(
-            q, kv, indices, counter, ws_out, ws_lse, out, lse,
-            plan.heads, kv.shape[0], plan.topk, plan.split_len, plan.splits, sm_scale * LOG2E,
-            q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), counter.stride(0),
-            ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0), ws_lse.stride(1),
-        )
-    return out, lse
+    """Launch ``plan`` once (see :func:`bind_trtllm`); returns ``out``, ``lse``."""
+    return bind_trtllm(plan, indices, sm_scale, counter, ws_out, ws_lse)(q, kv)
 
 
 def _check(q, kv, indices, counter, ws_out, ws_lse) -> LaunchPlan:
