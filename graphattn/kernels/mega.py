@@ -8,20 +8,19 @@ directly. Nothing is split, so it fills the device only when ``rows x head block
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from ..common.metadata import D_QK, D_V
 from ..common.platform import Platform, current_platform
 from . import checks
 from ._core import LOG2E, _attend_range, _finalize, _load_q, _store_final
+from ._jit import jit, tl
 from .launch import MEGA, LaunchPlan, make_launch, memoised
 from .plan import cdiv, empty_outputs, launch_parts, path_config
 
 PATH = MEGA.name
 
 
-@triton.jit
+@jit
 def _mega_kernel(
     q_ptr, kv_ptr, idx_ptr, out_ptr, lse_ptr,
     H, pool, topk, qk_scale, stride_qr, stride_qh, stride_kv, stride_ir,
