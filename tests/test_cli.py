@@ -57,7 +57,9 @@ def test_check_runs_the_suite_and_writes_junit(tmp_path):
 
 
 def test_check_unknown_backend_exits_2(capsys):
-    assert main(["check", "--attn-backend", "nope"]) == 2
+    with pytest.raises(SystemExit) as exit_:
+        main(["check", "--attn-backend", "nope"])
+    assert exit_.value.code == 2
     assert "Unknown attention backend: 'nope'. Valid options are: all, " in capsys.readouterr().err
 
 
@@ -99,8 +101,10 @@ def test_bench_triton_backend_in_interpreter(backend, capsys):
 
 
 def test_bench_rejects_bad_workload(capsys):
-    assert main(["bench", "--topk", "128", "--pool-tokens", "64"]) == 2
-    assert "pool_tokens (64) must be >= topk (128)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--topk", "128", "--pool-tokens", "64"])
+    assert exit_.value.code == 2
+    assert "--pool-tokens (64) must be >= --topk (128)" in capsys.readouterr().err
 
 
 def test_python_dash_m_and_bad_backend():
