@@ -1,10 +1,16 @@
-"""``graphattn`` command line: ``list``, ``check`` and ``bench``.
+"""``graphattn`` command line: ``list``, ``check``, ``bench`` and ``env``; ``--version``.
 
 * ``graphattn list``: every registered backend, whether it can run here (and why not), and its
   capabilities on this platform.
 * ``graphattn check --attn-backend NAME [--junitxml PATH]``: the conformance suite on a backend
   (``pytest --pyargs graphattn.testing`` underneath); the exit code is pytest's.
 * ``graphattn bench``: the synthetic DeepSeek-like decode benchmark (``graphattn.bench.decode``).
+* ``graphattn env``: versions, device, platform and backends, for bug reports.
+
+Every bad input (an option, ``GRAPHATTN_PLATFORM``, ``GRAPHATTN_ATTN_BACKEND``, a backend that
+refuses the configuration or does not import) ends in one line on stderr,
+``graphattn <command>: error: ...``, and exit code 2, as argparse does for its own errors.
+``pkg.module:Class`` backends resolve against the current directory, as under ``python -m``.
 """
 
 from __future__ import annotations
@@ -13,49 +19,75 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import sys
-from typing import Sequence
+from typing import NoReturn, Sequence
+
+from . import __version__
+from .common.argtypes import file_path, positive_int
 
 PLUGIN = "graphattn.testing.plugin"
+DTYPES = ("float16", "bfloat16", "float32")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
-def _dtype(name: str):
+class UsageError(Exception):
+    """A bad input found after parsing (environment, backend, workload): one line, exit 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (``prog: error: message``), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``prog: error: message`` (one line) and exit with code 2."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _platform():
+    from .common.platform import current_platform
+
+    try:
+        return current_platform()
+    except ValueError as exc:  # GRAPHATTN_PLATFORM names no platform
+        raise UsageError(str(exc)) from None
+
+
+def _torch_dtype(name: str | None):
     import torch
 
-    if name not in ("float16", "bfloat16", "float32"):
-        raise argparse.ArgumentTypeError(f"dtype must be float16, bfloat16 or float32, got {name!r}")
-    return getattr(torch, name)
+    return getattr(torch, name) if name else None
+
+
+def _cwd_importable() -> None:
+    # `python -m graphattn` has the current directory on sys.path and the console script does
+    # not; `pkg.module:Class` backends must resolve the same way under both.
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
+def _check_backend_names(values: list[str]) -> None:
+    """``graphattn check``'s names: ``all``, registered names, loadable ``pkg.module:Class``."""
+    from .backends.registry import backend_names, is_class_path, load_error
+
+    for name in filter(None, (n.strip() for v in values for n in v.split(","))):
+        if name != "all" and name not in backend_names() and not is_class_path(name):
+            valid = ", ".join(["all"] + backend_names())
+            raise UsageError(f"argument --attn-backend: Unknown attention backend: '{name}'. Valid options are: {valid}")
+        error = None if name == "all" else load_error(name)
+        if error:
+            raise UsageError(f"argument --attn-backend: {error}")
 
 
 # -- list ---------------------------------------------------------------------------------------
-def _backend_row(name: str, heads: int, topk: int, dtype, platform, kv_dtype: str = "auto") -> dict:
-    from .backends import get_backend_class
-    from .backends.base import kv_kwargs
-
-    try:
-        cls = get_backend_class(name)
-    except Exception as exc:  # a broken third-party entry point must not hide the others
-        return {"name": name, "available": False, "reasons": [f"cannot load: {type(exc).__name__}: {exc}"]}
-    reasons = cls.refusal_reasons(heads, dtype, topk, platform, **kv_kwargs(kv_dtype))
-    return {
-        "name": name,
-        "available": not reasons,
-        "reasons": reasons,
-        "notes": cls.notes(platform),
-        "description": cls.description,
-        "class": f"{cls.__module__}.{cls.__qualname__}",
-        **cls.capabilities(platform),
-    }
-
-
 def cmd_list(args: argparse.Namespace) -> int:
     """Print every backend with availability, reasons and capabilities on this platform."""
-    from .backends import backend_names, default_dtype
-    from .common.platform import current_platform
+    from .backends import default_dtype
+    from .backends.report import backend_rows
 
-    platform = current_platform()
-    dtype = args.dtype or default_dtype(platform)
-    rows = [_backend_row(n, args.heads, args.topk, dtype, platform, args.kv_dtype) for n in backend_names()]
+    _cwd_importable()
+    platform = _platform()
+    dtype = _torch_dtype(args.dtype) or default_dtype(platform)
+    rows = backend_rows(args.heads, args.topk, dtype, platform, args.kv_dtype)
     if args.json:
         print(json.dumps({"platform": platform.describe(), "heads": args.heads, "topk": args.topk,
                           "dtype": str(dtype), "kv_dtype": args.kv_dtype, "backends": rows}, indent=2))
@@ -95,13 +127,13 @@ def pytest_args(args: argparse.Namespace) -> list[str]:
            # package; the suite's messages do not depend on assertion rewriting.
            "-W", "ignore::pytest.PytestAssertRewriteWarning"]
     for name in args.attn_backend or []:
-        out += ["--attn-backend", name]
+        out += ["--graphattn-backend", name]
     if args.shapes:
-        out += ["--conformance-shapes", args.shapes]
+        out += ["--graphattn-shapes", args.shapes]
     if args.dtype:
-        out += ["--conformance-dtype", str(args.dtype).replace("torch.", "")]
+        out += ["--graphattn-dtype", args.dtype]
     if getattr(args, "kv_dtype", "auto") != "auto":
-        out += ["--conformance-kv-dtype", args.kv_dtype]
+        out += ["--graphattn-kv-dtype", args.kv_dtype]
     if args.junitxml:
         out += [f"--junitxml={os.path.abspath(args.junitxml)}", "-o", "junit_suite_name=graphattn-conformance"]
     if args.k:
@@ -116,73 +148,113 @@ def cmd_check(args: argparse.Namespace) -> int:
     """Run the conformance suite on the chosen backend(s); returns pytest's exit code."""
     import pytest
 
-    from .backends.registry import backend_names, is_class_path
-
-    for value in args.attn_backend or []:
-        for name in filter(None, (n.strip() for n in value.split(","))):
-            if name != "all" and name not in backend_names() and not is_class_path(name):
-                valid = ", ".join(["all"] + backend_names())
-                print(f"graphattn check: Unknown attention backend: '{name}'. Valid options are: {valid}",
-                      file=sys.stderr)
-                return 2
+    _cwd_importable()
+    _platform()
+    _check_backend_names(args.attn_backend or [])
     return int(pytest.main(pytest_args(args)))
 
 
 # -- bench --------------------------------------------------------------------------------------
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Run the decode benchmark (see :mod:`graphattn.bench.decode`)."""
-    from .bench.decode import run_from_args
+    """Run the decode benchmark (see :mod:`graphattn.bench.decode`): 0 when every sampled output
+    matches the reference, 1 otherwise."""
+    from .backends.report import environment
+    from .bench.decode import format_report, progress, run_bench
+    from .bench.options import request_from_args
 
-    return run_from_args(args)
+    _cwd_importable()
+    platform = _platform()
+    try:
+        req = request_from_args(args, platform)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    env = environment(__version__, req.workload.num_heads, req.workload.topk, req.workload.dtype)
+    report = run_bench(**req.run_kwargs())
+    report = {"command": {"line": args.command_line, "cwd": os.getcwd()}, "env": env, **report}
+    print(format_report(report))
+    if req.json_path:
+        with open(req.json_path, "w") as f:
+            json.dump(report, f, indent=2)
+        progress(f"wrote {req.json_path}")
+    return 0 if report["ok"] else 1
+
+
+# -- env ----------------------------------------------------------------------------------------
+def cmd_env(args: argparse.Namespace) -> int:
+    """Print versions, device, platform and backends (``--json``: as JSON) for a bug report."""
+    from .backends.report import environment, format_environment
+
+    _cwd_importable()
+    _platform()
+    env = environment(__version__)
+    print(json.dumps(env, indent=2) if args.json else format_environment(env))
+    return 0
 
 
 # -- parser -------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    """The ``graphattn`` argument parser (subcommands ``list``, ``check``, ``bench``)."""
-    parser = argparse.ArgumentParser(
+    """The ``graphattn`` argument parser (subcommands ``list``, ``check``, ``bench``, ``env``)."""
+    parser = Parser(
         prog="graphattn",
         description="Graph-capture-safe sparse MLA attention backends: list them, check them "
-        "with the conformance suite, benchmark a decode workload.",
+        "with the conformance suite, benchmark a decode workload, report the environment.",
     )
-    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{list,check,bench}")
+    parser.add_argument("--version", action="version", version=f"graphattn {__version__}")
+    parser.add_argument("--log-level", default="WARNING", type=str.upper, choices=LOG_LEVELS,
+                        help="logging level (default WARNING)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{list,check,bench,env}")
 
     p = sub.add_parser("list", help="backends, availability and capabilities on this platform")
-    p.add_argument("--heads", type=int, default=128, help="head count to check (default 128)")
-    p.add_argument("--topk", type=int, default=2048, help="top-k to check (default 2048)")
-    p.add_argument("--dtype", type=_dtype, default=None, help="dtype to check (default per platform)")
+    p.add_argument("--heads", type=positive_int, default=128, help="head count to check (default 128)")
+    p.add_argument("--topk", type=positive_int, default=2048, help="top-k to check (default 2048)")
+    p.add_argument("--dtype", choices=DTYPES, default=None, help="dtype to check (default per platform)")
     p.add_argument("--kv-dtype", choices=("auto", "fp8"), default="auto",
                    help="KV layout to check: auto (kv in q's dtype) or fp8 (656-byte FP8 tokens)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.set_defaults(func=cmd_list)
+    p.set_defaults(func=cmd_list, parser=p)
 
     p = sub.add_parser("check", help="run the conformance suite on a backend (pytest)")
     p.add_argument("--attn-backend", action="append", metavar="NAME",
-                   help="backend to check (repeat or comma-separate; 'all'); default: built-ins available here")
-    p.add_argument("--junitxml", metavar="PATH", help="write a JUnit XML report")
+                   help="backend to check (repeat or comma-separate; 'all'; 'pkg.module:Class'); "
+                   "default: built-ins available here")
+    p.add_argument("--junitxml", metavar="PATH", type=file_path,
+                   help="write a JUnit XML report (missing folders are created)")
     p.add_argument("--shapes", choices=("small", "real"), help="shape set (default: real on GPU, small on CPU)")
-    p.add_argument("--dtype", type=_dtype, default=None, help="q/kv dtype (default bf16 on GPU, fp16 on CPU)")
+    p.add_argument("--dtype", choices=DTYPES, default=None, help="q/kv dtype (default bf16 on GPU, fp16 on CPU)")
     p.add_argument("--kv-dtype", choices=("auto", "fp8"), default="auto",
                    help="KV layout: auto (kv in q's dtype) or fp8 (656-byte FP8 tokens)")
     p.add_argument("-k", metavar="EXPR", help="only cases matching this pytest -k expression")
     p.add_argument("-x", "--exitfirst", action="store_true", help="stop at the first failure")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per case")
     p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
-    p.set_defaults(func=cmd_check)
+    p.set_defaults(func=cmd_check, parser=p)
 
     p = sub.add_parser("bench", help="synthetic DeepSeek-like decode benchmark (eager, full, breakable graphs)")
-    from .bench.decode import add_bench_args
+    from .bench.options import add_bench_args
 
     add_bench_args(p)
-    p.set_defaults(func=cmd_bench)
+    p.set_defaults(func=cmd_bench, parser=p)
+
+    p = sub.add_parser("env", help="versions, device, platform and backends, for bug reports")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=cmd_env, parser=p)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``graphattn`` console script and ``python -m graphattn``."""
+    """Entry point of the ``graphattn`` console script and ``python -m graphattn``.
+
+    Returns the command's exit code; a bad input raises ``SystemExit(2)`` after one line on
+    stderr (``graphattn <command>: error: ...``).
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    return args.func(args)
+    args.command_line = shlex.join(["graphattn", *argv])
+    logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        args.parser.error(str(exc))
 
 
 if __name__ == "__main__":

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
+import torch
 
+import graphattn
 from graphattn.backends import builtin_backends, default_dtype, resolve_backend
 from graphattn.cli import main
 from graphattn.common import current_platform
@@ -57,7 +60,9 @@ def test_check_runs_the_suite_and_writes_junit(tmp_path):
 
 
 def test_check_unknown_backend_exits_2(capsys):
-    assert main(["check", "--attn-backend", "nope"]) == 2
+    with pytest.raises(SystemExit) as exit_:
+        main(["check", "--attn-backend", "nope"])
+    assert exit_.value.code == 2
     assert "Unknown attention backend: 'nope'. Valid options are: all, " in capsys.readouterr().err
 
 
@@ -88,7 +93,50 @@ def test_bench_tiny_all_modes(tmp_path, capsys):
     for r in report["results"]:
         assert r["layer_us"] > 0 and r["step_ms"] == pytest.approx(r["layer_us"] * 3 / 1e3)
         assert 0 < r["roofline_fraction"]
+        assert r["layer_us_min"] <= r["layer_us"] <= r["layer_us_max"] and r["samples"] >= 1
     assert len(report["checks"]) == 6 and "us/layer" in captured.out
+    # What a bug report needs: the exact command, the iteration counts, the environment.
+    assert report["command"]["line"] == shlex.join(["graphattn", "bench", *TINY, "--json", str(path)])
+    assert report["timing"]["iters"] == 2 and report["timing"]["warmup"] == 1
+    assert report["env"]["torch"]["version"] == torch.__version__
+    assert {b["name"] for b in report["env"]["backends"]} >= set(builtin_backends())
+    assert report["device_numbers"] == platform.has_gpu
+    assert ("CPU NUMBERS ARE NOT DEVICE NUMBERS" in captured.out) == (not platform.has_gpu)
+
+
+def test_bench_point_is_the_median_of_its_samples():
+    from graphattn.bench.decode import result_row
+    from graphattn.bench.workload import DecodeWorkload
+
+    wl = DecodeWorkload(num_heads=4, topk=8, pool_tokens=64, batch_sizes=(1,), num_layers=3, measure_layers=2)
+    row = result_row(wl, "eager", 1, [2e-3, 900e-3, 4e-3], (1e9, 1e12, "test"))  # one outlier
+    assert row["layer_us"] == pytest.approx(4e-3 / 2 * 1e6)
+    assert row["layer_us_min"] == pytest.approx(1e3) and row["layer_us_max"] == pytest.approx(450e3)
+    assert row["samples"] == 3
+
+
+def test_env_reports_versions_platform_and_backends(capsys):
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    platform = current_platform()
+    for line in (f"graphattn: {graphattn.__version__}", f"torch: {torch.__version__}", "triton: ",
+                 "python: ", f"platform: {platform.name} ("):
+        assert line in out, out
+    for name in builtin_backends():
+        assert f"\n  {name}: " in out
+    assert main(["env", "--json"]) == 0
+    env = json.loads(capsys.readouterr().out)
+    assert env["platform"]["name"] == platform.name and env["platform"]["why"]
+    assert env["torch"]["cuda"] == torch.version.cuda
+
+
+def test_env_says_why_a_backend_is_unavailable():
+    from graphattn.backends.report import environment
+
+    env = environment("test", heads=16, topk=64, dtype=torch.float32)
+    rows = {r["name"]: r for r in env["backends"]}
+    assert rows["torch"]["available"] and not rows["flashmla"]["available"]
+    assert "dtype float32 not in supported" in rows["flashmla"]["reasons"][0]
 
 
 @pytest.mark.parametrize("backend", ["trtllm", "flashmla"])
@@ -99,8 +147,10 @@ def test_bench_triton_backend_in_interpreter(backend, capsys):
 
 
 def test_bench_rejects_bad_workload(capsys):
-    assert main(["bench", "--topk", "128", "--pool-tokens", "64"]) == 2
-    assert "pool_tokens (64) must be >= topk (128)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--topk", "128", "--pool-tokens", "64"])
+    assert exit_.value.code == 2
+    assert "--pool-tokens (64) must be >= --topk (128)" in capsys.readouterr().err
 
 
 def test_python_dash_m_and_bad_backend():

@@ -5,7 +5,7 @@ On the CPU the Triton backends run in the interpreter at the ``small`` shape set
 ``_project_cases``). The broken
 backends in ``broken_backend.py`` rebind a captured buffer; the suite must fail them with
 FreedCaptureBufferError, both when its check functions are called directly and through the
-pytest plugin (``--attn-backend module:Class``).
+pytest plugin (``--graphattn-backend module:Class``).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def _run_suite(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_plugin_fails_broken_backend_with_freed_buffer_error():
-    proc = _run_suite("--attn-backend", "broken_backend:RebindingCounterBackend", "-k", "prefill_chunk")
+    proc = _run_suite("--graphattn-backend", "broken_backend:RebindingCounterBackend", "-k", "prefill_chunk")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert "FreedCaptureBufferError" in out and "backend 'broken_counter'" in out, out
@@ -90,13 +90,13 @@ def test_plugin_fails_broken_backend_with_freed_buffer_error():
 
 
 def test_plugin_passes_torch_backend():
-    proc = _run_suite("--attn-backend", "torch", "-k", "decode or duplicates")
+    proc = _run_suite("--graphattn-backend", "torch", "-k", "decode or duplicates")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "6 passed" in proc.stdout, proc.stdout
 
 
 def test_plugin_rejects_unknown_backend():
-    proc = _run_suite("--attn-backend", "nope")
+    proc = _run_suite("--graphattn-backend", "nope")
     assert proc.returncode != 0
     assert "Unknown attention backend: 'nope'. Valid options are:" in proc.stdout + proc.stderr
 

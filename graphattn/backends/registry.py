@@ -136,6 +136,24 @@ def get_backend_class(name: str) -> type[AttentionBackend]:
     return cls
 
 
+def load_error(name: str) -> str | None:
+    """Why ``name`` cannot be loaded as a backend class, in one line (``None``: it can).
+
+    For command lines, which report it and exit: an unknown name (with the valid ones), a
+    ``pkg.module:Class`` whose module does not import or lacks the class, or an object that is
+    not an :class:`AttentionBackend` subclass. Other exceptions (a syntax error in the backend's
+    module) propagate with their traceback.
+    """
+    try:
+        get_backend_class(name)
+    except (ValueError, TypeError) as exc:
+        return str(exc)
+    except (ImportError, AttributeError) as exc:
+        hint = " (is its folder on sys.path?)" if isinstance(exc, ImportError) and is_class_path(name) else ""
+        return f"cannot load attention backend '{name}': {type(exc).__name__}: {exc}{hint}"
+    return None
+
+
 def refusal_reasons(
     name: str, num_heads: int, dtype: torch.dtype, topk: int, platform: Platform | None = None,
     kv_dtype: str = KV_AUTO,
@@ -238,15 +256,31 @@ def _check_choice(value: str) -> str:
     return value
 
 
+def env_default_note(value: str) -> str:
+    """`` (the default comes from $GRAPHATTN_ATTN_BACKEND=...)`` when ``value`` is that variable's
+    value, else ``""``: an error about a name the user never typed must say where it came from."""
+    from_env = os.environ.get(ENV_VAR, "").strip()
+    return f" (the default comes from ${ENV_VAR}={from_env!r})" if from_env and value == from_env else ""
+
+
 def add_attn_backend_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """Give ``parser`` the ``--attn-backend NAME`` flag (default ``$GRAPHATTN_ATTN_BACKEND`` or auto).
 
-    Names are validated when parsed, so a typo fails at startup with the list of valid names.
+    Names are validated when parsed, so a typo fails at startup with the list of valid names
+    (a bad ``$GRAPHATTN_ATTN_BACKEND`` too, named as such).
     """
+    from_env = os.environ.get(ENV_VAR, "").strip() or None  # set but empty: unset
+
+    def check(value: str) -> str:
+        try:
+            return _check_choice(value)
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentTypeError(f"{exc}{env_default_note(value)}") from None
+
     parser.add_argument(
         "--attn-backend",
-        type=_check_choice,
-        default=os.environ.get(ENV_VAR, AUTO),
+        type=check,
+        default=from_env if from_env is not None else AUTO,
         metavar="NAME",
         help=f"attention backend: {AUTO} or a registered name (built-in: "
         f"{', '.join(builtin_backends())}; see `graphattn list`). Default: ${ENV_VAR} or {AUTO}.",

@@ -5,23 +5,23 @@ plus device work; graphs via :class:`GraphRunner`, one bucket per batch size), c
 outputs against the float64 reference, and reports time per layer and per step (scaled to
 ``num_layers``), tokens/s, achieved GB/s and TFLOP/s, the fraction of the roofline floor
 ``max(bytes / peak_bw, flops / peak_flops)``, and the memory the graphs hold. Progress goes to
-stderr; the table to stdout; ``--json PATH`` writes everything.
+stderr; the table to stdout; ``--json PATH`` writes everything. Each point is the median over
+samples of back-to-back steps (:func:`default_timing`); the command line is in
+:mod:`graphattn.bench.options`.
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
+import statistics
 import sys
 import time
 from typing import Any, Callable
 
 import torch
 
-from ..backends import accepts_out, add_attn_backend_arg, resolve_backend
+from ..backends import accepts_out, resolve_backend
 from ..backends.base import kv_kwargs
-from ..common.kv_layout import resolve_kv_dtype
 from ..common.platform import Platform, current_platform
 from ..common.reference import sparse_mla_reference
 from ..common.tolerances import tolerance
@@ -30,6 +30,13 @@ from .host import default_calls, default_repeats, host_cost
 from .workload import H200_BYTES_PER_S, H200_FLOP_PER_S, DecodeWorkload, make_generator
 
 MODES = ("eager", "full", "breakable")
+CPU_NOTE = (
+    "NOTE: CPU NUMBERS ARE NOT DEVICE NUMBERS. There is no GPU here: kernels run as torch CPU ops "
+    "or in the Triton interpreter, graphs on graphattn's emulator (each replay re-runs its ops in "
+    "Python), and other processes share the cores. The times say how this CPU ran the emulation, "
+    "nothing about a GPU; the roofline is this CPU's measured copy/matmul rate, and a workload "
+    "that fits in its caches can pass 100%."
+)
 CHECK_ROWS = 8  # rows of each sampled output compared with the float64 reference
 WARMUP_S = 0.25  # seconds of untimed steps per point on a GPU
 # (device-name substring, bytes/s, flop/s, source). H200 figures are measured (docs/design.md,
@@ -137,8 +144,14 @@ class ModeBench:
         live = {f"q{i}": q for i, q in enumerate(qs)}
         return self.runner.run(**live) if self.runner is not None else self.step(**live)
 
-    def time_step(self, rows: int, iters: int, warmup: int) -> float:
-        """Seconds per step at ``rows`` (two alternating index sets, so plan does real copies)."""
+    def time_step(self, rows: int, iters: int, warmup: int, window: int) -> list[float]:
+        """Seconds per step at ``rows``, one sample per window of ``window`` steps (``iters``
+        steps in all; two alternating index sets, so plan does real copies).
+
+        A window's steps run back to back (on a GPU the host runs ahead of the device, as in
+        serving) and are timed together; the caller takes the median over windows, so a
+        scheduler hiccup or a neighbour's burst moves one sample, not the result.
+        """
         gen = make_generator(self.platform.device, self.wl.seed + 7 + rows)
         qs = self.wl.make_q(rows, self.platform.device, gen)
         idx = [self._indices(rows, self.wl.seed + 100 + rows + i) for i in range(2)]
@@ -148,12 +161,17 @@ class ModeBench:
         while i < warmup or time.perf_counter() < t_end:
             self.run(qs, idx[i % 2])
             i += 1
-        self.platform.synchronize()
-        t0 = time.perf_counter()
-        for i in range(iters):
-            self.run(qs, idx[i % 2])
-        self.platform.synchronize()
-        return (time.perf_counter() - t0) / iters
+        samples, done = [], 0
+        while done < iters:
+            n = min(window, iters - done)
+            self.platform.synchronize()
+            t0 = time.perf_counter()
+            for i in range(done, done + n):
+                self.run(qs, idx[i % 2])
+            self.platform.synchronize()
+            samples.append((time.perf_counter() - t0) / n)
+            done += n
+        return samples
 
     def check(self, rows: int) -> dict[str, Any]:
         """Compare the first and last measured layers' output (first rows) with the reference."""
@@ -175,13 +193,16 @@ class ModeBench:
 
 
 # -- the whole run --------------------------------------------------------------------------------
-def result_row(wl: DecodeWorkload, mode: str, rows: int, step_s: float, peaks: tuple) -> dict[str, Any]:
-    """Derived figures of one measurement (``step_s`` covers ``measure_layers`` layers)."""
-    layer_s = step_s / wl.measure_layers
+def result_row(wl: DecodeWorkload, mode: str, rows: int, samples: list[float], peaks: tuple) -> dict[str, Any]:
+    """Derived figures of one point from the median of ``samples`` (seconds per step of
+    ``measure_layers`` layers); the spread of the samples is kept beside it."""
+    layer_s = statistics.median(samples) / wl.measure_layers
     nbytes, flops = wl.bytes_per_layer(rows), wl.flops_per_layer(rows)
     floor = max(nbytes / peaks[0], flops / peaks[1])
     return {
         "mode": mode, "rows": rows, "layer_us": layer_s * 1e6,
+        "layer_us_min": min(samples) / wl.measure_layers * 1e6,
+        "layer_us_max": max(samples) / wl.measure_layers * 1e6, "samples": len(samples),
         "step_ms": layer_s * wl.num_layers * 1e3,
         "tokens_per_s": rows / (layer_s * wl.num_layers),
         "gb_per_s": nbytes / layer_s / 1e9, "tflop_per_s": flops / layer_s / 1e12,
@@ -189,10 +210,25 @@ def result_row(wl: DecodeWorkload, mode: str, rows: int, step_s: float, peaks: t
     }
 
 
+def default_timing(platform: Platform) -> dict[str, int]:
+    """``iters`` (timed steps per point), ``warmup`` and ``window`` (steps per sample) here.
+
+    A GPU times windows of 10 back-to-back steps (5 samples); the CPU times every step on its
+    own (15 samples), where one step takes milliseconds and its neighbours' load varies.
+    """
+    if platform.has_gpu:
+        return {"iters": 50, "warmup": 3, "window": 10}
+    return {"iters": 15, "warmup": 2, "window": 1}
+
+
 def run_bench(wl: DecodeWorkload, backend_name: str, modes: tuple[str, ...], iters: int, warmup: int,
               sanitize: bool = False, check: bool = True, peaks: tuple | None = None,
-              platform: Platform | None = None) -> dict[str, Any]:
-    """Run the benchmark; returns the report (see ``--json``)."""
+              platform: Platform | None = None, window: int | None = None) -> dict[str, Any]:
+    """Run the benchmark; returns the report (see ``--json``).
+
+    Each point is the median over samples of ``window`` steps (``iters`` steps in all; the
+    platform's default window when ``None``).
+    """
     platform = platform or current_platform()
     cls = resolve_backend(backend_name, wl.num_heads, wl.dtype, wl.topk, platform, wl.kv_dtype)
     backend = cls(wl.num_heads, wl.topk, wl.dtype, platform=platform, **kv_kwargs(wl.kv_dtype))
@@ -201,7 +237,11 @@ def run_bench(wl: DecodeWorkload, backend_name: str, modes: tuple[str, ...], ite
     for note in cls.notes(platform):
         progress(f"note: {note}")
     kv = wl.make_kv(platform.device, make_generator(platform.device, wl.seed))
+    window = min(window or default_timing(platform)["window"], iters)
     report: dict[str, Any] = {"backend": cls.name, "requested": backend_name, "platform": platform.describe(),
+                              "device_numbers": platform.has_gpu,
+                              "timing": {"iters": iters, "warmup": warmup, "window": window,
+                                         "samples": -(-iters // window), "statistic": "median over samples"},
                               "workload": wl.as_dict(), "capabilities": cls.capabilities(platform),
                               "peaks": {"bytes_per_s": peaks[0], "flop_per_s": peaks[1], "source": peaks[2]},
                               "results": [], "checks": [], "memory": {}, "host": []}
@@ -212,9 +252,9 @@ def run_bench(wl: DecodeWorkload, backend_name: str, modes: tuple[str, ...], ite
         bench.capture()
         report["memory"][mode] = bench.memory
         for rows in wl.batch_sizes:
-            step_s = bench.time_step(rows, iters, warmup)
-            report["results"].append(result_row(wl, mode, rows, step_s, peaks))
-            progress(f"{mode}: {rows} rows: {step_s / wl.measure_layers * 1e6:.1f} us/layer")
+            row = result_row(wl, mode, rows, bench.time_step(rows, iters, warmup, window), peaks)
+            report["results"].append(row)
+            progress(f"{mode}: {rows} rows: {row['layer_us']:.1f} us/layer (median of {row['samples']})")
         if check:
             for rows in sorted({min(wl.batch_sizes), max(wl.batch_sizes)}):
                 report["checks"].append(bench.check(rows))
@@ -241,9 +281,17 @@ def format_report(report: dict[str, Any]) -> str:
         f"roofline floor = max(bytes / {peaks['bytes_per_s']:.3g} B/s, flops / {peaks['flop_per_s']:.3g} "
         f"flop/s) [{peaks['source']}]",
     ]
-    header = ("mode", "rows", "us/layer", "ms/step", "tokens/s", "GB/s", "TFLOP/s", "roofline")
+    timing = report.get("timing")
+    if timing:
+        lines.append(f"each point: median of {timing['samples']} samples of {timing['window']} step(s) "
+                     f"({timing['iters']} timed steps after {timing['warmup']} warm-up steps)")
+    if not report.get("device_numbers", True):
+        lines.append(CPU_NOTE)
+    header = ("mode", "rows", "us/layer", "min..max", "ms/step", "tokens/s", "GB/s", "TFLOP/s", "roofline")
     table = [header] + [
-        (r["mode"], str(r["rows"]), f"{r['layer_us']:.1f}", f"{r['step_ms']:.3f}",
+        (r["mode"], str(r["rows"]), f"{r['layer_us']:.1f}",
+         f"{r.get('layer_us_min', r['layer_us']):.0f}..{r.get('layer_us_max', r['layer_us']):.0f}",
+         f"{r['step_ms']:.3f}",
          f"{r['tokens_per_s']:.1f}", f"{r['gb_per_s']:.1f}", f"{r['tflop_per_s']:.3f}",
          f"{100 * r['roofline_fraction']:.1f}%")
         for r in report["results"]
@@ -261,9 +309,6 @@ def format_report(report: dict[str, Any]) -> str:
             "-" if pool is None else _human_bytes(pool))
         lines.append(f"memory [{mode}]: metadata {_human_bytes(mem['metadata_bytes'])}, graph pool {pool_s}"
                      + (f", capture {mem['capture_s']} s" if "capture_s" in mem else ""))
-    if not report["platform"].get("device", "").startswith("cuda"):
-        lines.append("note: no GPU here: graphs are emulated (each replay re-runs its ops in Python), "
-                     "so graph-mode times show emulator overhead, not device behaviour")
     for c in report["checks"]:
         lines.append(f"check [{c['mode']}, {c['rows']} rows]: {'ok' if c['ok'] else 'MISMATCH'} "
                      f"(max abs err {c['max_abs_err']:.2e}; atol {c['atol']}, rtol {c['rtol']})")
@@ -276,90 +321,3 @@ def _human_bytes(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.2f} GiB"
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one integer")
-    return values
-
-
-def _modes(text: str) -> tuple[str, ...]:
-    modes = tuple(m.strip() for m in text.split(",") if m.strip())
-    bad = [m for m in modes if m not in MODES]
-    if bad or not modes:
-        raise argparse.ArgumentTypeError(f"modes must be a comma-separated subset of {MODES}, got {text!r}")
-    return modes
-
-
-def add_bench_args(parser: argparse.ArgumentParser) -> None:
-    """The ``graphattn bench`` options (unset shape options take the platform's defaults)."""
-    add_attn_backend_arg(parser)
-    g = parser.add_argument_group("workload (defaults: realistic on a GPU, small on the CPU)")
-    g.add_argument("--heads", type=int, help="query heads per row (GPU default 128)")
-    g.add_argument("--topk", type=int, help="indices per row (GPU default 2048)")
-    g.add_argument("--pool-tokens", type=int, help="KV pool tokens per layer (GPU default 262144)")
-    g.add_argument("--batch-sizes", type=_int_list, help="rows per step, e.g. 1,2,4,8 (GPU default 1..128)")
-    g.add_argument("--layers", type=int, help="model layers (GPU default 61)")
-    g.add_argument("--measure-layers", type=int, help="layers materialised and timed (GPU default 4)")
-    g.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), help="q/kv dtype")
-    g.add_argument("--kv-dtype", choices=("auto", "bf16", "fp16", "fp8"), default="auto",
-                   help="KV cache: auto or bf16/fp16 (q's dtype, [pool, 576]) or fp8 (656-byte FP8 "
-                   "tokens; bytes counted at 656 per token)")
-    g.add_argument("--seed", type=int, default=0, help="RNG seed")
-    r = parser.add_argument_group("run")
-    r.add_argument("--modes", type=_modes, default=MODES, help="comma-separated subset of eager,full,breakable")
-    r.add_argument("--iters", type=int, help="timed steps per point (GPU default 20, CPU 3)")
-    r.add_argument("--warmup", type=int, help="untimed steps per point (GPU default 3, CPU 1)")
-    r.add_argument("--sanitize", action="store_true", help="check captured buffers before each replay")
-    r.add_argument("--no-check", action="store_true", help="skip the comparison with the reference")
-    r.add_argument("--peak-bw", type=float, help="roofline bytes/s (default: per device)")
-    r.add_argument("--peak-flops", type=float, help="roofline flop/s (default: per device)")
-    r.add_argument("--json", metavar="PATH", help="also write the report as JSON")
-
-
-def workload_from_args(args: argparse.Namespace, platform: Platform) -> DecodeWorkload:
-    """The default workload of ``platform`` with the options given on the command line."""
-    base = DecodeWorkload.default_for(platform)
-    layers = args.layers or base.num_layers
-    measure = args.measure_layers or min(base.measure_layers, layers)
-    kv_arg = getattr(args, "kv_dtype", "auto")
-    # --kv-dtype bf16/fp16 names the model dtype (a plain cache is in q's dtype): it sets q's
-    # dtype unless --dtype does (then they must agree).
-    dtype_name = args.dtype or {"bf16": "bfloat16", "fp16": "float16"}.get(kv_arg)
-    dtype = getattr(torch, dtype_name) if dtype_name else base.dtype
-    return DecodeWorkload(
-        num_heads=args.heads or base.num_heads, topk=args.topk or base.topk,
-        pool_tokens=args.pool_tokens or max(base.pool_tokens, args.topk or 0),
-        batch_sizes=args.batch_sizes or base.batch_sizes, num_layers=layers, measure_layers=measure,
-        dtype=dtype, seed=args.seed, kv_dtype=resolve_kv_dtype(kv_arg, dtype),
-    )
-
-
-def run_from_args(args: argparse.Namespace) -> int:
-    """``graphattn bench``: 0 when every sampled output matches the reference, else 1."""
-    platform = current_platform()
-    try:
-        wl = workload_from_args(args, platform)
-    except ValueError as exc:
-        print(f"graphattn bench: {exc}", file=sys.stderr)
-        return 2
-    gpu = platform.has_gpu
-    iters = args.iters or (20 if gpu else 3)
-    warmup = args.warmup if args.warmup is not None else (3 if gpu else 1)
-    peaks = None
-    if args.peak_bw or args.peak_flops:
-        bw, fl, _ = platform_peaks(platform, wl.dtype)
-        peaks = (args.peak_bw or bw, args.peak_flops or fl, "command line")
-    report = run_bench(wl, args.attn_backend, args.modes, iters, warmup, sanitize=args.sanitize,
-                       check=not args.no_check, peaks=peaks, platform=platform)
-    print(format_report(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-        progress(f"wrote {args.json}")
-    return 0 if report["ok"] else 1

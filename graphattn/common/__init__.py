@@ -17,9 +17,11 @@ from .errors import (
     GraphSafetyError,
 )
 from .metadata import D_QK, D_V, GraphMetadata
-from .platform import Platform, current_platform, reset_platform_cache
+from .platform import Platform, current_platform, import_triton, reset_platform_cache
 from .reference import sparse_mla_reference
 from .tolerances import TOLERANCES, Tolerance, tolerance
+
+import_triton()  # before torch can (torch._dynamo does), in the mode the kernels need
 
 _MOVED_TO_GRAPHS = ("BreakableGraph", "eager_on_graph", "GraphRunner", "default_buckets")
 

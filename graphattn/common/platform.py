@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -247,12 +248,16 @@ class CpuPlatform(Platform):
         return emulated_segment_class()
 
 
-def _resolve(name: str) -> Platform:
+def _check_name(name: str) -> None:
     if name not in _PLATFORM_CLASSES:
         raise ValueError(
             f"{PLATFORM_ENV}={name!r} is not a platform; expected one of "
             f"{sorted(_PLATFORM_CLASSES)} (or leave it unset to detect the hardware)"
         )
+
+
+def _resolve(name: str) -> Platform:
+    _check_name(name)
     return load_dotted(_PLATFORM_CLASSES[name])()
 
 
@@ -269,15 +274,79 @@ def current_platform() -> Platform:
     return _resolve(os.environ.get(PLATFORM_ENV, "").strip().lower() or detect_platform_name())
 
 
-def configure_triton_interpreter() -> None:
-    """Set ``TRITON_INTERPRET=1`` (unless the caller set it) when kernels cannot be compiled.
+INTERPRET_ENV = "TRITON_INTERPRET"
 
-    Triton chooses interpreter or compiler when it is first imported and when a function is
-    decorated, and torch may import triton early (``torch._dynamo``), so ``graphattn`` calls
-    this first thing on import.
+
+@functools.lru_cache(maxsize=None)
+def kernels_interpreted() -> bool:
+    """Whether Triton kernels run in the interpreter in this process (no GPU to compile for).
+
+    Decided once, like Triton's own choice, which cannot change after triton is imported; a
+    later ``GRAPHATTN_PLATFORM`` change (tests) does not move it.
     """
-    if current_platform().uses_triton_interpreter:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    try:
+        return current_platform().uses_triton_interpreter
+    except ValueError:  # a bad GRAPHATTN_PLATFORM: current_platform() raises where it is used
+        return not torch.cuda.is_available()
+
+
+@contextmanager
+def triton_interpreter_env() -> Iterator[None]:
+    """``TRITON_INTERPRET=1`` for the duration, where kernels cannot be compiled (no GPU).
+
+    Triton reads the variable when ``triton.language`` is first imported and when
+    ``@triton.jit`` decorates a kernel; graphattn does both inside this scope
+    (:func:`import_triton`, ``graphattn.kernels._jit``), so nothing else in the process sees
+    the variable: an unrelated test run or a ``torch.compile`` keeps its own setting. A value
+    the caller set (``TRITON_INTERPRET=0`` to compile ahead of time) is left alone.
+    """
+    if INTERPRET_ENV in os.environ or not kernels_interpreted():
+        yield
+        return
+    os.environ[INTERPRET_ENV] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(INTERPRET_ENV, None)
+
+
+def import_triton() -> None:
+    """Import triton now, in the mode graphattn's kernels need, if nothing has imported it yet.
+
+    Without a GPU its own ``tl.*`` helpers must be interpreted functions too, and torch imports
+    triton as a side effect (``torch._dynamo``, which graph capture touches), so the first
+    import must not be left to chance; ``graphattn.common`` calls this on import.
+    """
+    if "triton" in sys.modules or not kernels_interpreted():
+        return
+    with triton_interpreter_env():
+        try:
+            import triton.language  # noqa: F401
+        except ImportError:  # no triton: only the torch backend runs (graphattn list says why)
+            pass
+
+
+def platform_choice() -> tuple[str, str]:
+    """``(name, why)``: the platform ``current_platform()`` resolves to and the reason.
+
+    Raises:
+        ValueError: ``GRAPHATTN_PLATFORM`` names no platform.
+    """
+    forced = os.environ.get(PLATFORM_ENV, "").strip().lower()
+    if forced:
+        _check_name(forced)
+        return forced, f"forced by {PLATFORM_ENV}={forced} (hardware: {detect_platform_name()})"
+    name = detect_platform_name()
+    if name == "cpu":
+        return name, "no usable GPU: torch.cuda.is_available() is False"
+    return name, f"detected a GPU with a {'ROCm' if name == 'hip' else 'CUDA'} build of torch"
+
+
+def torch_runtime() -> dict[str, Any]:
+    """torch's version, its CUDA and ROCm versions (``None`` where the build has none) and the
+    number of GPUs it sees: for bug reports (``graphattn env``)."""
+    return {"version": torch.__version__, "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None),
+            "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0}
 
 
 def reset_platform_cache() -> None:

@@ -12,8 +12,9 @@
 
 The kernel modules (and Triton with them) load on first use of an op, so the specs and plans
 can be imported where Triton cannot; :func:`register_ops` loads all three. Without a GPU the
-kernels run under the Triton interpreter: ``import graphattn`` sets ``TRITON_INTERPRET=1``
-(unless the caller set it) before any kernel is defined.
+kernels run under the Triton interpreter, with ``TRITON_INTERPRET=1`` set only while triton is
+first imported and kernels are defined and launched (``graphattn.kernels._jit``), never left in
+the process environment; a value the caller set is left alone.
 """
 
 from __future__ import annotations

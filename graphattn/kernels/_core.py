@@ -21,8 +21,7 @@ Conventions shared by all kernels:
 
 from __future__ import annotations
 
-import triton
-import triton.language as tl
+from ._jit import jit, tl
 
 from ..common import kv_layout
 
@@ -34,7 +33,7 @@ FP8_SCALE_OFFSET = tl.constexpr(kv_layout.SCALE_OFFSET)
 FP8_ROPE_OFFSET = tl.constexpr(kv_layout.ROPE_OFFSET)
 
 
-@triton.jit
+@jit
 def _load_q(q_ptr, row, h_offs, H, stride_qr, stride_qh,
             D_NOPE: tl.constexpr, D_ROPE: tl.constexpr, DOT_F32: tl.constexpr):
     """q tiles of one row: ``q_nope [BLOCK_H, D_NOPE]``, ``q_rope [BLOCK_H, D_ROPE]``."""
@@ -49,7 +48,7 @@ def _load_q(q_ptr, row, h_offs, H, stride_qr, stride_qh,
     return q_nope, q_rope
 
 
-@triton.jit
+@jit
 def _load_kv(kv_ptr, stride_kv, idx, valid, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr,
              D_ROPE: tl.constexpr, KV_FP8: tl.constexpr):
     """Gather the KV rows ``idx [BLOCK_N]`` (rows where ``valid`` is false are not read: zeros).
@@ -83,7 +82,7 @@ def _load_kv(kv_ptr, stride_kv, idx, valid, BLOCK_N: tl.constexpr, D_NOPE: tl.co
     return k_nope, k_rope
 
 
-@triton.jit
+@jit
 def _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_row_ptr, pool, start, end, qk_scale,
                   BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr,
                   D_ROPE: tl.constexpr, DOT_F32: tl.constexpr, IDX_AHEAD: tl.constexpr,
@@ -153,7 +152,7 @@ def _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_row_ptr, pool, start, e
     return acc, m, l
 
 
-@triton.jit
+@jit
 def _split_program(q_ptr, kv_ptr, idx_ptr, H, pool, topk, split_len, num_splits, qk_scale,
                    stride_qr, stride_qh, stride_kv, stride_ir,
                    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr,
@@ -182,7 +181,7 @@ def _split_program(q_ptr, kv_ptr, idx_ptr, H, pool, topk, split_len, num_splits,
     return row, split, hb, h_offs, out, lse
 
 
-@triton.jit
+@jit
 def _finalize(acc, m, l):
     """Normalise one partial: ``out = acc / l`` (0 where l == 0), natural-log lse (−inf there)."""
     empty = l == 0.0
@@ -191,7 +190,7 @@ def _finalize(acc, m, l):
     return out, lse
 
 
-@triton.jit
+@jit
 def _store_final(out_ptr, lse_ptr, row, h_offs, H, out, lse, D_NOPE: tl.constexpr):
     """Write ``out [BLOCK_H, D_NOPE]`` (cast to the output dtype) and ``lse`` of one row.
 
@@ -204,7 +203,7 @@ def _store_final(out_ptr, lse_ptr, row, h_offs, H, out, lse, D_NOPE: tl.constexp
     tl.store(lse_ptr + rh, lse, mask=h_mask)
 
 
-@triton.jit
+@jit
 def _store_partial(ws_out_ptr, ws_lse_ptr, row, split, h_offs, H, out, lse,
                    stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, D_NOPE: tl.constexpr):
     """Write one normalised split partial to ``ws_out[row, split, h, :]`` / ``ws_lse[row, split, h]``."""
@@ -215,7 +214,7 @@ def _store_partial(ws_out_ptr, ws_lse_ptr, row, split, h_offs, H, out, lse,
     tl.store(ws_lse_ptr + row.to(tl.int64) * stride_lr + split * stride_ls + h_offs, lse, mask=h_mask)
 
 
-@triton.jit
+@jit
 def _combine_splits(ws_out_ptr, ws_lse_ptr, row, h_offs, H, num_splits,
                     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
                     BLOCK_H: tl.constexpr, D_NOPE: tl.constexpr, CACHE: tl.constexpr):

@@ -11,14 +11,13 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-import triton
-import triton.language as tl
 
 from ..common.kv_layout import is_fp8_kv
 from ..common.metadata import D_QK, D_V
 from ..common.platform import Platform, current_platform
 from . import checks
 from ._core import LOG2E, _split_program, _store_final, _store_partial
+from ._jit import jit, tl, triton
 from .launch import FLASHMLA, KeyedLaunch, LaunchPlan, aligned_16, call_key, make_launch, memoised
 from .plan import cdiv, empty_outputs, kv_fp8_constexpr, launch_parts, path_config, split_layout
 
@@ -26,7 +25,7 @@ PATH = FLASHMLA.name
 D_ROPE = D_QK - D_V
 
 
-@triton.jit
+@jit
 def _flashmla_split_kernel(
     q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
     H, pool, topk, split_len, num_splits, qk_scale,
@@ -47,7 +46,7 @@ def _flashmla_split_kernel(
                        stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, D_NOPE)
 
 
-@triton.jit
+@jit
 def _flashmla_combine_kernel(
     ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr, H, num_splits,
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,

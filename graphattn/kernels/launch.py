@@ -24,6 +24,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from ..common.platform import kernels_interpreted, triton_interpreter_env
+
 
 @dataclass(frozen=True)
 class KernelSpec:
@@ -240,9 +242,21 @@ def call_key(q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor,
     return (current_device_index(), q.dtype, kv.dtype, kv.shape[0], qs, kvs, aligned), qs, kvs
 
 
+class InterpretedLaunch(Launch):
+    """A :class:`Launch` in the Triton interpreter (no GPU). Triton still reads
+    ``TRITON_INTERPRET`` while it runs a kernel (modules it imports lazily), so the run happens
+    inside :func:`~graphattn.common.platform.triton_interpreter_env`."""
+
+    def __call__(self, *args: Any) -> Any:
+        with triton_interpreter_env():
+            return self.fn[self.grid](*args, **self.kwargs)
+
+
 def make_launch(fn: Any, grid: tuple[int, ...], **kwargs: Any) -> Launch:
-    """A :class:`Launch` whose keyword arguments cannot change after planning."""
-    return Launch(fn, grid, MappingProxyType(kwargs))
+    """A :class:`Launch` whose keyword arguments cannot change after planning (an
+    :class:`InterpretedLaunch` where kernels are interpreted; GPU launches pay nothing)."""
+    cls = InterpretedLaunch if kernels_interpreted() else Launch
+    return cls(fn, grid, MappingProxyType(kwargs))
 
 
 @dataclass(frozen=True)

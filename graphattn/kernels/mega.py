@@ -10,21 +10,20 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-import triton
-import triton.language as tl
 
 from ..common.kv_layout import is_fp8_kv
 from ..common.metadata import D_QK, D_V
 from ..common.platform import Platform, current_platform
 from . import checks
 from ._core import LOG2E, _attend_range, _finalize, _load_q, _store_final
+from ._jit import jit, tl
 from .launch import MEGA, KeyedLaunch, LaunchPlan, call_key, make_launch, memoised
 from .plan import cdiv, empty_outputs, kv_fp8_constexpr, launch_parts, path_config
 
 PATH = MEGA.name
 
 
-@triton.jit
+@jit
 def _mega_kernel(
     q_ptr, kv_ptr, idx_ptr, out_ptr, lse_ptr,
     H, pool, topk, qk_scale, stride_qr, stride_qh, stride_kv, stride_ir,

@@ -18,21 +18,20 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-import triton
-import triton.language as tl
 
 from ..common.kv_layout import is_fp8_kv
 from ..common.metadata import D_QK, D_V
 from ..common.platform import Platform, current_platform
 from . import checks
 from ._core import LOG2E, _combine_splits, _split_program, _store_final, _store_partial
+from ._jit import jit, tl
 from .launch import TRTLLM, KeyedLaunch, LaunchPlan, call_key, make_launch, memoised
 from .plan import cdiv, empty_outputs, kv_fp8_constexpr, launch_parts, path_config, split_layout
 
 PATH = TRTLLM.name
 
 
-@triton.jit
+@jit
 def _trtllm_kernel(
     q_ptr, kv_ptr, idx_ptr, counter_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
     H, pool, topk, split_len, num_splits, qk_scale,

@@ -1,0 +1,140 @@
+"""The ``graphattn bench`` command line: its options and the checked request they make.
+
+Every value is checked before anything runs: numbers by their argparse types
+(:mod:`graphattn.common.argtypes`), the combinations and the backend by
+:func:`request_from_args`, which raises ``ValueError`` naming the option, so the command line
+can refuse them in one line instead of replacing them with defaults or failing mid-run.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..backends import AUTO, add_attn_backend_arg, load_error, resolve_backend
+from ..backends.registry import env_default_note
+from ..common.argtypes import choice_list, new_file, non_negative_int, positive_float, positive_int
+from ..common.argtypes import positive_int_list, seed
+from ..common.kv_layout import resolve_kv_dtype
+from ..common.platform import Platform
+from .decode import MODES, default_timing, platform_peaks
+from .workload import DecodeWorkload
+
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+def add_bench_args(parser: argparse.ArgumentParser) -> None:
+    """The ``graphattn bench`` options (unset shape options take the platform's defaults)."""
+    add_attn_backend_arg(parser)
+    g = parser.add_argument_group("workload (defaults: realistic on a GPU, small on the CPU)")
+    g.add_argument("--heads", type=positive_int, help="query heads per row (GPU default 128)")
+    g.add_argument("--topk", type=positive_int, help="indices per row (GPU default 2048)")
+    g.add_argument("--pool-tokens", type=positive_int, help="KV pool tokens per layer (GPU default 262144)")
+    g.add_argument("--batch-sizes", type=positive_int_list, help="rows per step, e.g. 1,2,4,8 (GPU default 1..128)")
+    g.add_argument("--layers", type=positive_int, help="model layers (GPU default 61)")
+    g.add_argument("--measure-layers", type=positive_int, help="layers materialised and timed (GPU default 4)")
+    g.add_argument("--dtype", choices=DTYPES, help="q/kv dtype")
+    g.add_argument("--kv-dtype", choices=("auto", "bf16", "fp16", "fp8"), default="auto",
+                   help="KV cache: auto or bf16/fp16 (q's dtype, [pool, 576]) or fp8 (656-byte FP8 "
+                   "tokens; bytes counted at 656 per token)")
+    g.add_argument("--seed", type=seed, default=0, help="RNG seed")
+    r = parser.add_argument_group("run")
+    r.add_argument("--modes", type=choice_list(MODES), default=MODES,
+                   help="comma-separated subset of eager,full,breakable")
+    r.add_argument("--iters", type=positive_int,
+                   help="timed steps per point; the point is their median (GPU default 50 in samples of 10, CPU 15)")
+    r.add_argument("--warmup", type=non_negative_int, help="untimed steps per point (GPU default 3, CPU 2)")
+    r.add_argument("--sanitize", action="store_true", help="check captured buffers before each replay")
+    r.add_argument("--no-check", action="store_true", help="skip the comparison with the reference")
+    r.add_argument("--peak-bw", type=positive_float, help="roofline bytes/s (default: per device)")
+    r.add_argument("--peak-flops", type=positive_float, help="roofline flop/s (default: per device)")
+    r.add_argument("--json", metavar="PATH", type=new_file, help="also write the report as JSON")
+
+
+@dataclass
+class BenchRequest:
+    """A checked ``graphattn bench`` run: what :func:`graphattn.bench.decode.run_bench` needs."""
+
+    workload: DecodeWorkload
+    backend: str  # the name as requested (``auto`` or a backend name / class path)
+    modes: tuple[str, ...]
+    iters: int
+    warmup: int
+    window: int
+    sanitize: bool = False
+    check: bool = True
+    peaks: tuple[float, float, str] | None = None
+    json_path: str | None = None
+    platform: Platform | None = field(default=None, repr=False)
+
+    def run_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``run_bench``."""
+        return dict(wl=self.workload, backend_name=self.backend, modes=self.modes, iters=self.iters,
+                    warmup=self.warmup, sanitize=self.sanitize, check=self.check, peaks=self.peaks,
+                    platform=self.platform, window=self.window)
+
+
+def workload_from_args(args: argparse.Namespace, platform: Platform) -> DecodeWorkload:
+    """The default workload of ``platform`` with the options given on the command line.
+
+    Raises:
+        ValueError: options that contradict each other or the defaults, named as options.
+    """
+    base = DecodeWorkload.default_for(platform)
+
+    def given(value: Any, default: Any) -> tuple[Any, str]:
+        # (value, how to name it in a message): an unset option takes the platform's default.
+        return (default, f"{default}, the default") if value is None else (value, str(value))
+
+    layers, layers_s = given(args.layers, base.num_layers)
+    measure, measure_s = given(args.measure_layers, min(base.measure_layers, layers))
+    topk, topk_s = given(args.topk, base.topk)
+    pool, pool_s = given(args.pool_tokens, max(base.pool_tokens, topk))
+    if measure > layers:
+        raise ValueError(f"--measure-layers ({measure_s}) must be <= --layers ({layers_s})")
+    if pool < topk:
+        raise ValueError(f"--pool-tokens ({pool_s}) must be >= --topk ({topk_s}): "
+                         "each row's indices are distinct tokens of the pool")
+    kv_arg = getattr(args, "kv_dtype", "auto")
+    # --kv-dtype bf16/fp16 names the model dtype (a plain cache is in q's dtype): it sets q's
+    # dtype unless --dtype does (then they must agree; resolve_kv_dtype says so, naming both).
+    dtype_name = args.dtype or {"bf16": "bfloat16", "fp16": "float16"}.get(kv_arg)
+    dtype = getattr(torch, dtype_name) if dtype_name else base.dtype
+    return DecodeWorkload(
+        num_heads=given(args.heads, base.num_heads)[0], topk=topk, pool_tokens=pool,
+        batch_sizes=given(args.batch_sizes, base.batch_sizes)[0], num_layers=layers, measure_layers=measure,
+        dtype=dtype, seed=args.seed, kv_dtype=resolve_kv_dtype(kv_arg, dtype),
+    )
+
+
+def request_from_args(args: argparse.Namespace, platform: Platform) -> BenchRequest:
+    """Check every ``graphattn bench`` input against each other and this platform.
+
+    Raises:
+        ValueError: the first problem, naming the option (``--attn-backend``, ``--dtype``, ...).
+    """
+    wl = workload_from_args(args, platform)
+    name = args.attn_backend
+    if name != AUTO:
+        error = load_error(name)
+        if error:
+            raise ValueError(f"argument --attn-backend: {error}{env_default_note(name)}")
+    try:
+        resolve_backend(name, wl.num_heads, wl.dtype, wl.topk, platform, wl.kv_dtype)
+    except (ValueError, RuntimeError) as exc:  # refused configuration / auto found none
+        raise ValueError(f"argument --attn-backend: {exc}{env_default_note(name)}") from None
+    timing = default_timing(platform)
+    iters = args.iters if args.iters is not None else timing["iters"]
+    peaks = None
+    if args.peak_bw is not None or args.peak_flops is not None:
+        bw, fl, _ = platform_peaks(platform, wl.dtype)
+        peaks = (args.peak_bw or bw, args.peak_flops or fl, "command line")
+    return BenchRequest(
+        workload=wl, backend=name, modes=args.modes, iters=iters,
+        warmup=args.warmup if args.warmup is not None else timing["warmup"],
+        window=min(timing["window"], iters), sanitize=args.sanitize, check=not args.no_check,
+        peaks=peaks, json_path=args.json, platform=platform,
+    )

@@ -1,0 +1,100 @@
+"""argparse ``type=`` functions of graphattn's command lines: checked numbers and paths.
+
+Each raises ``argparse.ArgumentTypeError`` with what was expected and what came; argparse puts
+the option's name in front (``argument --iters: expected an integer >= 1, got '0'``), so a bad
+value is refused at startup instead of being replaced by a default or failing after a long run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+
+
+# Seeds get small offsets added (one generator per batch size); torch takes 64-bit seeds.
+MAX_SEED = 2**62
+
+
+def _int(text: str, low: int, high: int | None = None) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = low - 1
+    if value < low or (high is not None and value > high):
+        expected = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (counts and sizes: heads, top-k, layers, iterations)."""
+    return _int(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0 (warm-up steps)."""
+    return _int(text, 0)
+
+
+def seed(text: str) -> int:
+    """An RNG seed: an integer in ``[0, 2**62]``."""
+    return _int(text, 0, MAX_SEED)
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (rates such as bytes/s)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
+def positive_int_list(text: str) -> tuple[int, ...]:
+    """Distinct comma-separated integers >= 1, e.g. ``1,2,4,8`` (kept in the given order)."""
+    try:
+        values = tuple(int(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"expected distinct values, got {text!r}")
+    return values
+
+
+def choice_list(choices: tuple[str, ...]):
+    """A ``type=`` for a non-empty comma-separated subset of ``choices`` (a tuple, in the given order)."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        picked = tuple(m.strip() for m in text.split(",") if m.strip())
+        if not picked or any(m not in choices for m in picked):
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated subset of {','.join(choices)}, got {text!r}")
+        return tuple(dict.fromkeys(picked))
+
+    return parse
+
+
+def file_path(text: str) -> str:
+    """A file path to write whose missing folders the writer creates: it must not be a folder."""
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; expected a file path inside it")
+    return text
+
+
+def new_file(text: str) -> str:
+    """A file path to write: its folder must exist and be writable, and it must not be a folder.
+
+    Checked when the command line is parsed, so a long run cannot end in a failed write.
+    """
+    folder = os.path.dirname(os.path.abspath(file_path(text)))
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(
+            f"folder {folder!r} of {text!r} does not exist; create it first or pick another path")
+    if not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"folder {folder!r} of {text!r} is not writable")
+    return text
