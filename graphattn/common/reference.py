@@ -16,6 +16,9 @@ from .kv_layout import dequantize_kv, is_fp8_kv
 from .metadata import D_V
 
 
+_HALF = (torch.bfloat16, torch.float16)
+
+
 def sparse_mla_reference(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -30,10 +33,13 @@ def sparse_mla_reference(
 
     Rows are processed ``chunk_rows`` at a time so the gathered KV stays small. FP8 ``kv``
     (uint8 ``[pool, 656]``) is dequantised first, read as ``fp8_dtype`` (default: the
-    platform's format).
+    platform's format), into q's dtype when that is bf16/fp16 (what the kernels multiply).
     """
     if is_fp8_kv(kv):
-        kv = dequantize_kv(kv, fp8_dtype, torch.float64)  # [pool, 576], exact
+        # [pool, 576]: the cache as the kernels multiply it, dequantised (fp8 x float32 scale)
+        # and rounded to q's dtype (bf16/fp16 products after dequantisation, as FlashMLA's FP8
+        # kernels do); exact for float32/float64 q.
+        kv = dequantize_kv(kv, fp8_dtype, q.dtype if q.dtype in _HALF else torch.float64)
     if q.dim() != 3 or kv.dim() != 2 or indices.dim() != 2:
         raise ValueError(
             f"expected q [rows, heads, d], kv [pool, d], indices [rows, topk]; got "

@@ -32,18 +32,13 @@ TOLERANCES = {
     torch.bfloat16: Tolerance(torch.bfloat16, 1e-2, 1.6e-2, 1e-3, 1e-4),
 }
 
-# FP8 KV (656-byte tokens), against the reference of the *dequantised* cache (what the kernels
-# were given; the quantisation error itself is docs/backends.md's). The kernels round each
-# dequantised value (fp8 x float32 scale) to q's dtype before the products, which plain kv never
-# needs: relative 2^-9 per value in bf16, 2^-11 in fp16. Measured with a float64 model of that
-# rounding at the `real` conformance shapes (16 and 128 heads, top-k 2048, q std 3): out off by
-# up to 0.017 (|out| <= 3.9), lse by up to 0.0084 in bf16. The tolerances are twice that (fp16:
-# a quarter of bf16's); the float32 torch backend dequantises exactly and sits far inside.
-FP8_TOLERANCES = {
-    torch.float32: TOLERANCES[torch.float32],
-    torch.float16: Tolerance(torch.float16, 8e-3, 4e-3, 5e-3, 1e-4),
-    torch.bfloat16: Tolerance(torch.bfloat16, 3.5e-2, 1.6e-2, 2e-2, 1e-4),
-}
+# FP8 KV (656-byte tokens) is compared with the reference of the cache dequantised the way the
+# kernels multiply it (fp8 x float32 scale, rounded to q's dtype, on a GPU and under the
+# interpreter alike; the quantisation error itself is docs/backends.md's), so it is held to the
+# plain tolerances. Against the *exact* dequantised values, the rounding of each value to bf16
+# (relative 2^-9) showed on the H200 as out errors up to 0.07 where attention concentrates on a
+# few tokens: that is what this comparison leaves out, not a looser bar.
+FP8_TOLERANCES = TOLERANCES
 
 
 def tolerance(dtype: torch.dtype, kv_dtype: str = "auto") -> Tolerance:

@@ -83,10 +83,20 @@ def _load_kv(kv_ptr, stride_kv, idx, valid, BLOCK_N: tl.constexpr, D_NOPE: tl.co
 
 
 @jit
+def _round_to_bf16(x):
+    """float32 ``x`` rounded to the nearest bf16 value (ties to even), still float32: what a GPU's
+    float32 -> bf16 conversion gives. The Triton interpreter's conversion truncates instead, so
+    under it the FP8 path rounds here first (finite values; the conversion after is then exact)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@jit
 def _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_row_ptr, pool, start, end, qk_scale,
                   BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr,
                   D_ROPE: tl.constexpr, DOT_F32: tl.constexpr, IDX_AHEAD: tl.constexpr,
-                  KV_MAJOR: tl.constexpr, KV_FP8: tl.constexpr):
+                  KV_MAJOR: tl.constexpr, KV_FP8: tl.constexpr, Q_DTYPE: tl.constexpr):
     """Online softmax over indices ``[start, end)`` of one row.
 
     Returns ``acc [BLOCK_H, D_NOPE]`` (un-normalised, f32), ``m [BLOCK_H]`` (running max of the
@@ -124,8 +134,14 @@ def _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_row_ptr, pool, start, e
             idx = tl.load(idx_row_ptr + cols, mask=cols < end, other=-1)
         valid = (idx >= 0) & (idx < pool)  # out-of-range indices are skipped, never read
         k_nope, k_rope = _load_kv(kv_ptr, stride_kv, idx, valid, BLOCK_N, D_NOPE, D_ROPE, KV_FP8)
-        # The products run in q's dtype (float32 under DOT_F32): a no-op for plain kv, the
-        # rounding of the dequantised values for FP8 tokens.
+        # The products run in q's dtype (float32 under DOT_F32): a no-op for plain kv. FP8
+        # tokens' dequantised values are rounded to q's input dtype ``Q_DTYPE`` first, also
+        # under DOT_F32, so the interpreter multiplies the values a GPU does.
+        if KV_FP8:
+            if DOT_F32 and Q_DTYPE == tl.bfloat16:
+                k_nope = _round_to_bf16(k_nope)  # the interpreter's own conversion truncates
+            k_nope = k_nope.to(Q_DTYPE)
+            k_rope = k_rope.to(Q_DTYPE)
         k_nope = k_nope.to(q_nope.dtype)
         k_rope = k_rope.to(q_rope.dtype)
         if KV_MAJOR:
@@ -176,7 +192,7 @@ def _split_program(q_ptr, kv_ptr, idx_ptr, H, pool, topk, split_len, num_splits,
     end = tl.minimum(start + split_len, topk)
     acc, m, l = _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_ptr + row.to(tl.int64) * stride_ir,
                               pool, start, end, qk_scale, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32, IDX_AHEAD,
-                              KV_MAJOR, KV_FP8)
+                              KV_MAJOR, KV_FP8, q_ptr.dtype.element_ty)
     out, lse = _finalize(acc, m, l)
     return row, split, hb, h_offs, out, lse
 

@@ -40,7 +40,7 @@ def _mega_kernel(
     q_nope, q_rope = _load_q(q_ptr, row, h_offs, H, stride_qr, stride_qh, D_NOPE, D_ROPE, DOT_F32)
     acc, m, l = _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_ptr + row.to(tl.int64) * stride_ir,
                               pool, 0, topk, qk_scale, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32, IDX_AHEAD,
-                              KV_MAJOR, KV_FP8)
+                              KV_MAJOR, KV_FP8, q_ptr.dtype.element_ty)
     out, lse = _finalize(acc, m, l)
     _store_final(out_ptr, lse_ptr, row, h_offs, H, out, lse, D_NOPE)
 
