@@ -18,6 +18,9 @@ from .buffers import GrowOnlyBuffer, OverflowPolicy, storage_epoch
 
 D_QK = 576  # DeepSeek MLA: 512 latent ("nope") + 64 rotary dims per query/key
 D_V = 512  # V is the first 512 columns of the latent KV
+# Bound calls kept per metadata before they are all forgotten (each row count of each backend
+# has one; an engine whose prefill chunks take every size would otherwise keep one per size).
+_MAX_BOUND_CALLS = 512
 
 
 class GraphMetadata:
@@ -231,6 +234,8 @@ class GraphMetadata:
         if call is None:
             call = build()
             if call is not None and self._bound_epoch == storage_epoch():
+                if len(self._bound) >= _MAX_BOUND_CALLS:  # prefill chunks of many sizes
+                    self._bound.clear()
                 self._bound[key] = call
         return call
 
