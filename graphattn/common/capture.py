@@ -28,10 +28,19 @@ def capture_scope() -> Iterator[None]:
         _state.depth = _depth() - 1
 
 
-def is_capturing() -> bool:
-    """True while a graph (real or emulated) is being captured on this thread/stream."""
-    if _depth() > 0:
-        return True
-    from .platform import current_platform
+_current_platform = None  # platform.current_platform, imported on the first query
 
-    return current_platform().is_stream_capturing()
+
+def is_capturing() -> bool:
+    """True while a graph (real or emulated) is being captured on this thread/stream.
+
+    Asked on every eager attention call, so the platform module is imported once, not per call
+    (an import statement costs microseconds even when the module is loaded)."""
+    global _current_platform
+    if getattr(_state, "depth", 0) > 0:
+        return True
+    if _current_platform is None:
+        from .platform import current_platform
+
+        _current_platform = current_platform
+    return _current_platform().is_stream_capturing()
