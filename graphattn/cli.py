@@ -163,15 +163,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .bench.options import request_from_args
 
     _cwd_importable()
+    if args.tp > 1:
+        from .bench.tp import bind_local_rank
+
+        bind_local_rank()  # under torchrun: this rank's GPU before anything touches one
     platform = _platform()
     try:
         req = request_from_args(args, platform)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    env = environment(__version__, req.workload.num_heads, req.workload.topk, req.workload.dtype)
-    report = run_bench(**req.run_kwargs())
+    env = environment(__version__, req.workload.num_heads // req.tp, req.workload.topk, req.workload.dtype)
+    if req.tp > 1:
+        from .bench.tp import format_tp_report, run_tp
+
+        report, fmt = run_tp(req), format_tp_report
+        if report is None:  # a torchrun rank other than 0: rank 0 prints the report
+            return 0
+    else:
+        report, fmt = run_bench(**req.run_kwargs()), format_report
     report = {"command": {"line": args.command_line, "cwd": os.getcwd()}, "env": env, **report}
-    print(format_report(report))
+    print(fmt(report))
     if req.json_path:
         with open(req.json_path, "w") as f:
             json.dump(report, f, indent=2)
