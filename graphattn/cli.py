@@ -134,6 +134,8 @@ def pytest_args(args: argparse.Namespace) -> list[str]:
         out += ["--graphattn-dtype", args.dtype]
     if getattr(args, "kv_dtype", "auto") != "auto":
         out += ["--graphattn-kv-dtype", args.kv_dtype]
+    if getattr(args, "device", None):
+        out += ["--graphattn-device", args.device]
     if args.junitxml:
         out += [f"--junitxml={os.path.abspath(args.junitxml)}", "-o", "junit_suite_name=graphattn-conformance"]
     if args.k:
@@ -234,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=DTYPES, default=None, help="q/kv dtype (default bf16 on GPU, fp16 on CPU)")
     p.add_argument("--kv-dtype", choices=("auto", "fp8"), default="auto",
                    help="KV layout: auto (kv in q's dtype) or fp8 (656-byte FP8 tokens)")
+    p.add_argument("--device", metavar="DEVICE",
+                   help="run the suite on this device, e.g. cuda:1 (current or not; default: the platform's)")
     p.add_argument("-k", metavar="EXPR", help="only cases matching this pytest -k expression")
     p.add_argument("-x", "--exitfirst", action="store_true", help="stop at the first failure")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per case")

@@ -17,6 +17,8 @@ from graphattn.common.tolerances import tolerance
 from graphattn.cuda.platform import CudaPlatform
 from graphattn.graphs import BreakableGraph, GraphRunner, eager_on_graph
 
+from test_conformance import _run_suite
+
 HEADS, TOPK, POOL, ROWS = 16, 64, 256, 4
 
 
@@ -221,3 +223,23 @@ def test_kernel_ops_launch_on_the_tensors_device(op, on_gpu0):
     torch.cuda.synchronize(dev1)
     assert torch.cuda.current_device() == 0
     _assert_reference(op, q, kv, idx, 576**-0.5, out, lse)
+
+
+# -- the conformance suite on a device ------------------------------------------------------------
+def test_suite_runs_on_the_device_it_is_given():
+    proc = _run_suite("--graphattn-backend", "torch", "--graphattn-device", "cpu" if not torch.cuda.is_available()
+                      else "cuda:0", "-k", "decode")
+    assert proc.returncode == 0 and "3 passed" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_suite_refuses_a_device_this_process_does_not_have():
+    proc = _run_suite("--graphattn-backend", "torch", "--conformance-device", "cuda:7")  # the old spelling
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 4 and "--graphattn-device cuda:7: " in out, out  # 4: pytest's usage error
+
+
+@pytest.mark.gpu
+@pytest.mark.multi_gpu
+def test_suite_runs_every_backend_on_cuda1():
+    proc = _run_suite("--graphattn-device", "cuda:1", "-k", "decode or prefill_chunk")
+    assert proc.returncode == 0 and " passed" in proc.stdout and "failed" not in proc.stdout, proc.stdout + proc.stderr
