@@ -134,6 +134,8 @@ def pytest_args(args: argparse.Namespace) -> list[str]:
         out += ["--graphattn-dtype", args.dtype]
     if getattr(args, "kv_dtype", "auto") != "auto":
         out += ["--graphattn-kv-dtype", args.kv_dtype]
+    if getattr(args, "device", None):
+        out += ["--graphattn-device", args.device]
     if args.junitxml:
         out += [f"--junitxml={os.path.abspath(args.junitxml)}", "-o", "junit_suite_name=graphattn-conformance"]
     if args.k:
@@ -163,15 +165,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .bench.options import request_from_args
 
     _cwd_importable()
+    if args.tp > 1:
+        from .bench.tp import bind_local_rank
+
+        bind_local_rank()  # under torchrun: this rank's GPU before anything touches one
     platform = _platform()
     try:
         req = request_from_args(args, platform)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    env = environment(__version__, req.workload.num_heads, req.workload.topk, req.workload.dtype)
-    report = run_bench(**req.run_kwargs())
+    env = environment(__version__, req.workload.num_heads // req.tp, req.workload.topk, req.workload.dtype)
+    if req.tp > 1:
+        from .bench.tp import format_tp_report, run_tp
+
+        report, fmt = run_tp(req), format_tp_report
+        if report is None:  # a torchrun rank other than 0: rank 0 prints the report
+            return 0
+    else:
+        report, fmt = run_bench(**req.run_kwargs()), format_report
     report = {"command": {"line": args.command_line, "cwd": os.getcwd()}, "env": env, **report}
-    print(format_report(report))
+    print(fmt(report))
     if req.json_path:
         with open(req.json_path, "w") as f:
             json.dump(report, f, indent=2)
@@ -223,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=DTYPES, default=None, help="q/kv dtype (default bf16 on GPU, fp16 on CPU)")
     p.add_argument("--kv-dtype", choices=("auto", "fp8"), default="auto",
                    help="KV layout: auto (kv in q's dtype) or fp8 (656-byte FP8 tokens)")
+    p.add_argument("--device", metavar="DEVICE",
+                   help="run the suite on this device, e.g. cuda:1 (current or not; default: the platform's)")
     p.add_argument("-k", metavar="EXPR", help="only cases matching this pytest -k expression")
     p.add_argument("-x", "--exitfirst", action="store_true", help="stop at the first failure")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per case")

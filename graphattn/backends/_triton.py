@@ -15,6 +15,7 @@ import torch
 
 from ..common.capture import is_capturing
 from ..common.metadata import GraphMetadata
+from ..common.platform import current_gpu_index
 from ..kernels.launch import KernelSpec, LaunchPlan, aligned_16, direct_launch_allowed
 from ..kernels.plan import split_plan
 from .base import AttentionBackend
@@ -99,6 +100,12 @@ class TritonBackend(AttentionBackend):
         self.check_call(q, kv, metadata)
         if out is not None:
             self.check_out(q, out)
+        index = q.get_device()
+        if index >= 0 and index != current_gpu_index():
+            # Triton launches on the current device and its stream, and the bound call's
+            # launchers are keyed by it: make q's device current (only when it is not already).
+            with torch.cuda.device(index):
+                return self.forward(q, kv, metadata, out)
         q_in = metadata.zero_padded_q(q) if self._pads else q  # [rows, kernel heads, 576]
         call = self.bound_call(metadata, q_in, kv)
         if call is not None:
@@ -165,9 +172,5 @@ class TritonBackend(AttentionBackend):
                 f"{self.name}: q and kv need a contiguous last dim (stride 1), got q strides "
                 f"{q.stride()}, kv strides {kv.stride()}; pass .contiguous()"
             )
-        if kv.device != q.device or metadata.indices.tensor.device != q.device:
-            raise ValueError(
-                f"{self.name}: q is on {q.device}, kv on {kv.device}, metadata on "
-                f"{metadata.indices.tensor.device}; put them on one device"
-            )
+        self.check_devices(q, kv, metadata)
         self.check_metadata(metadata)

@@ -252,6 +252,7 @@ class AttentionBackend:
         """
         if indices.dtype != torch.int32:
             raise ValueError(f"plan: indices must be int32, got {indices.dtype}")
+        self.check_plan_device(metadata, indices)
         metadata.refresh_(indices, pad_to=pad_to)
 
     def forward(
@@ -309,6 +310,30 @@ class AttentionBackend:
             )
         if self.kv_fp8:
             check_fp8_kv(self.name, kv)
+
+    def check_devices(self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata) -> None:
+        """Raise ``ValueError`` unless q, kv and the metadata's index table are on one device
+        (``cuda:1`` q with ``cuda:0`` metadata is refused before any launch). Compares
+        ``torch.device`` objects: no tensor op, no synchronisation."""
+        table, device = metadata.indices.tensor, q.device
+        if kv.device != device or table.device != device:
+            raise ValueError(
+                f"{self.name}: q is on {q.device}, kv on {kv.device}, metadata on {table.device}; "
+                f"expected all on q's device. Fix: one backend and metadata per device "
+                f"(Backend(..., platform=current_platform().on_device({str(q.device)!r})), "
+                f"then make_metadata) and that device's KV cache"
+            )
+
+    def check_plan_device(self, metadata: GraphMetadata, indices: torch.Tensor) -> None:
+        """Raise ``ValueError`` when ``indices`` sit on another GPU than the metadata (host
+        indices are fine: plan copies them in). An int compare, no synchronisation."""
+        index = indices.get_device()
+        if index >= 0 and index != metadata.indices.tensor.get_device():
+            raise ValueError(
+                f"plan: indices are on {indices.device} but the metadata ({self.name}) is on "
+                f"{metadata.indices.tensor.device}; make the indices on the metadata's device "
+                f"(or on the host), or use that device's metadata"
+            )
 
     @property
     def kv_fp8(self) -> bool:

@@ -41,6 +41,7 @@ class TorchBackend(AttentionBackend):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """See :meth:`AttentionBackend.forward`. Capturable: static shapes, no host syncs."""
         self.check_inputs(q, kv)
+        self.check_devices(q, kv, metadata)  # torch ops would copy across GPUs, or fail mid-way
         if out is not None:
             self.check_out(q, out)
         rows = q.shape[0]

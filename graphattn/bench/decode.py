@@ -12,6 +12,7 @@ samples of back-to-back steps (:func:`default_timing`); the command line is in
 
 from __future__ import annotations
 
+import functools
 import gc
 import statistics
 import sys
@@ -49,9 +50,17 @@ _GPU_PEAKS = (
 )
 
 
+_PROGRESS_TAG = ["graphattn bench"]  # "graphattn bench rank N" in a tensor-parallel rank
+
+
 def progress(msg: str) -> None:
     """A progress line on stderr (stdout stays the report)."""
-    print(f"[graphattn bench] {msg}", file=sys.stderr, flush=True)
+    print(f"[{_PROGRESS_TAG[0]}] {msg}", file=sys.stderr, flush=True)
+
+
+def set_progress_tag(tag: str) -> None:
+    """Label this process's progress lines (``graphattn bench rank 1``: ranks share stderr)."""
+    _PROGRESS_TAG[0] = tag
 
 
 # -- peaks ----------------------------------------------------------------------------------------
@@ -99,20 +108,28 @@ class ModeBench:
         self.mode, self.backend, self.wl, self.kv, self.platform = mode, backend, wl, kv, platform
         self.metadata = backend.make_metadata(wl.max_rows)  # one metadata per runner
         # A break only in breakable mode; replays write into the captured outputs (no copy).
-        attention = eager_on_graph(backend.forward, out="out" if accepts_out(backend.forward) else None)
-
-        def step(**qs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            return tuple(attention(qs[f"q{i}"], kv_i, self.metadata)[0] for i, kv_i in enumerate(kv))
-
-        self.step = step
+        self.step = self.make_step(eager_on_graph(backend.forward, out="out" if accepts_out(backend.forward) else None))
         self.runner = None
         self.memory: dict[str, int] = {"metadata_bytes": self.metadata.nbytes()}
         if mode != "eager":
             gen = make_generator(platform.device, wl.seed + 1)
-            static = {f"q{i}": q for i, q in enumerate(wl.make_q(wl.max_rows, platform.device, gen))}
-            self.runner = GraphRunner(step, static, metadata=self.metadata, buckets=wl.batch_sizes,
+            static = {f"q{i}": q for i, q in enumerate(self.make_q(wl.max_rows, gen))}
+            self.runner = GraphRunner(self.step, static, metadata=self.metadata, buckets=wl.batch_sizes,
                                       mode=mode, sanitize=sanitize, platform=platform,
                                       progress=self._on_capture)
+
+    def make_step(self, attention: Callable[..., Any]) -> Callable[..., tuple[torch.Tensor, ...]]:
+        """The step a runner captures: ``step(q0=..., q1=...)`` -> each measured layer's
+        attention output ``[rows, heads, 512]`` (``attention``: the backend's forward, a break
+        in breakable mode)."""
+        def step(**qs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return tuple(attention(qs[f"q{i}"], kv_i, self.metadata)[0] for i, kv_i in enumerate(self.kv))
+
+        return step
+
+    def make_q(self, rows: int, gen: torch.Generator) -> list[torch.Tensor]:
+        """One ``[rows, heads, 576]`` q per measured layer, on the platform's device."""
+        return self.wl.make_q(rows, self.platform.device, gen)
 
     def _on_capture(self, done: int, total: int, bucket: int, seconds: float) -> None:
         progress(f"{self.mode}: captured bucket {bucket} rows ({done}/{total}) in {seconds:.2f} s")
@@ -153,7 +170,7 @@ class ModeBench:
         scheduler hiccup or a neighbour's burst moves one sample, not the result.
         """
         gen = make_generator(self.platform.device, self.wl.seed + 7 + rows)
-        qs = self.wl.make_q(rows, self.platform.device, gen)
+        qs = self.make_q(rows, gen)
         idx = [self._indices(rows, self.wl.seed + 100 + rows + i) for i in range(2)]
         # At least `warmup` steps and WARMUP_S seconds: an idle GPU needs time to reach its
         # clocks, and the first point would otherwise be measured slow.
@@ -238,35 +255,55 @@ def run_bench(wl: DecodeWorkload, backend_name: str, modes: tuple[str, ...], ite
         progress(f"note: {note}")
     kv = wl.make_kv(platform.device, make_generator(platform.device, wl.seed))
     window = min(window or default_timing(platform)["window"], iters)
-    report: dict[str, Any] = {"backend": cls.name, "requested": backend_name, "platform": platform.describe(),
-                              "device_numbers": platform.has_gpu,
-                              "timing": {"iters": iters, "warmup": warmup, "window": window,
-                                         "samples": -(-iters // window), "statistic": "median over samples"},
-                              "workload": wl.as_dict(), "capabilities": cls.capabilities(platform),
-                              "peaks": {"bytes_per_s": peaks[0], "flop_per_s": peaks[1], "source": peaks[2]},
-                              "results": [], "checks": [], "memory": {}, "host": []}
+    report = new_report(cls, backend_name, platform, wl, iters, warmup, window, peaks)
+    new_bench = functools.partial(ModeBench, backend=backend, wl=wl, kv=kv, platform=platform, sanitize=sanitize)
+    host = functools.partial(_host_costs, backend, wl, kv[0], platform)
+    run_modes(report, new_bench, wl, modes, iters, warmup, window, peaks, check, host)
+    report["ok"] = all(c["ok"] for c in report["checks"])
+    return report
+
+
+def new_report(cls: type, backend_name: str, platform: Platform, wl: DecodeWorkload, iters: int, warmup: int,
+               window: int, peaks: tuple) -> dict[str, Any]:
+    """A report with its header filled in and empty ``results``, ``checks``, ``memory``, ``host``."""
+    return {"backend": cls.name, "requested": backend_name, "platform": platform.describe(),
+            "device_numbers": platform.has_gpu,
+            "timing": {"iters": iters, "warmup": warmup, "window": window,
+                       "samples": -(-iters // window), "statistic": "median over samples"},
+            "workload": wl.as_dict(), "capabilities": cls.capabilities(platform),
+            "peaks": {"bytes_per_s": peaks[0], "flop_per_s": peaks[1], "source": peaks[2]},
+            "results": [], "checks": [], "memory": {}, "host": []}
+
+
+def run_modes(report: dict[str, Any], new_bench: Callable[[str], ModeBench], wl: DecodeWorkload,
+              modes: tuple[str, ...], iters: int, warmup: int, window: int, peaks: tuple, check: bool,
+              host: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+    """Capture, time and check each mode (``new_bench(mode)``), appending to ``report``'s
+    ``results``, ``checks``, ``memory`` and (eager, when ``host`` is given) ``host``."""
     for mode in modes:
-        bench = ModeBench(mode, backend, wl, kv, platform, sanitize)
+        bench = new_bench(mode)
+        platform = bench.platform
         if mode != "eager":
             progress(f"{mode}: capturing {len(wl.batch_sizes)} buckets x {wl.measure_layers} layers")
         bench.capture()
         report["memory"][mode] = bench.memory
         for rows in wl.batch_sizes:
-            row = result_row(wl, mode, rows, bench.time_step(rows, iters, warmup, window), peaks)
+            row = result_row(bench.wl, mode, rows, bench.time_step(rows, iters, warmup, window), peaks)
             report["results"].append(row)
             progress(f"{mode}: {rows} rows: {row['layer_us']:.1f} us/layer (median of {row['samples']})")
         if check:
             for rows in sorted({min(wl.batch_sizes), max(wl.batch_sizes)}):
                 report["checks"].append(bench.check(rows))
-        if mode == "eager":
-            for rows in wl.batch_sizes:
-                report["host"].append(host_cost(backend, wl, kv[0], rows, platform, default_calls(platform),
-                                                    repeats=default_repeats(platform)))
+        if mode == "eager" and host is not None:
+            report["host"].extend(host())
         del bench
         gc.collect()  # the runner's progress callback makes a cycle; free its graphs now
         platform.empty_cache()
-    report["ok"] = all(c["ok"] for c in report["checks"])
-    return report
+
+
+def _host_costs(backend, wl: DecodeWorkload, kv: torch.Tensor, platform: Platform) -> list[dict[str, Any]]:
+    return [host_cost(backend, wl, kv, rows, platform, default_calls(platform), repeats=default_repeats(platform))
+            for rows in wl.batch_sizes]
 
 
 # -- report and command line ----------------------------------------------------------------------
@@ -310,8 +347,11 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"memory [{mode}]: metadata {_human_bytes(mem['metadata_bytes'])}, graph pool {pool_s}"
                      + (f", capture {mem['capture_s']} s" if "capture_s" in mem else ""))
     for c in report["checks"]:
-        lines.append(f"check [{c['mode']}, {c['rows']} rows]: {'ok' if c['ok'] else 'MISMATCH'} "
-                     f"(max abs err {c['max_abs_err']:.2e}; atol {c['atol']}, rtol {c['rtol']})")
+        where = f"rank {c['rank']}, " if "rank" in c else ""
+        tp = (f"; projection {c['projection_max_abs_err']:.2e} vs float64, "
+              f"{c['single_process_max_abs_err']:.2e} vs one process" if "projection_max_abs_err" in c else "")
+        lines.append(f"check [{where}{c['mode']}, {c['rows']} rows]: {'ok' if c['ok'] else 'MISMATCH'} "
+                     f"(max abs err {c['max_abs_err']:.2e}; atol {c['atol']}, rtol {c['rtol']}{tp})")
     return "\n".join(lines)
 
 

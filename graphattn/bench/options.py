@@ -9,6 +9,7 @@ can refuse them in one line instead of replacing them with defaults or failing m
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +31,8 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     """The ``graphattn bench`` options (unset shape options take the platform's defaults)."""
     add_attn_backend_arg(parser)
     g = parser.add_argument_group("workload (defaults: realistic on a GPU, small on the CPU)")
-    g.add_argument("--heads", type=positive_int, help="query heads per row (GPU default 128)")
+    g.add_argument("--heads", type=positive_int,
+                   help="query heads per row, all ranks together with --tp (GPU default 128)")
     g.add_argument("--topk", type=positive_int, help="indices per row (GPU default 2048)")
     g.add_argument("--pool-tokens", type=positive_int, help="KV pool tokens per layer (GPU default 262144)")
     g.add_argument("--batch-sizes", type=positive_int_list, help="rows per step, e.g. 1,2,4,8 (GPU default 1..128)")
@@ -52,6 +54,11 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--peak-bw", type=positive_float, help="roofline bytes/s (default: per device)")
     r.add_argument("--peak-flops", type=positive_float, help="roofline flop/s (default: per device)")
     r.add_argument("--json", metavar="PATH", type=new_file, help="also write the report as JSON")
+    r.add_argument("--tp", type=positive_int, default=1,
+                   help="tensor parallelism: split --heads over N ranks (torch.distributed: NCCL/RCCL on "
+                   "GPUs, gloo on the CPU), each with its own backend, metadata and graphs, and an "
+                   "all-reduce of the output projection in every layer; spawns N processes, or runs "
+                   "as one rank under torchrun (default 1)")
 
 
 @dataclass
@@ -69,6 +76,7 @@ class BenchRequest:
     peaks: tuple[float, float, str] | None = None
     json_path: str | None = None
     platform: Platform | None = field(default=None, repr=False)
+    tp: int = 1  # ranks the heads are split over (graphattn.bench.tp)
 
     def run_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``run_bench``."""
@@ -117,13 +125,15 @@ def request_from_args(args: argparse.Namespace, platform: Platform) -> BenchRequ
         ValueError: the first problem, naming the option (``--attn-backend``, ``--dtype``, ...).
     """
     wl = workload_from_args(args, platform)
+    tp = getattr(args, "tp", 1)
+    check_tp(tp, wl.num_heads, "the default" if args.heads is None else None, platform)
     name = args.attn_backend
     if name != AUTO:
         error = load_error(name)
         if error:
             raise ValueError(f"argument --attn-backend: {error}{env_default_note(name)}")
     try:
-        resolve_backend(name, wl.num_heads, wl.dtype, wl.topk, platform, wl.kv_dtype)
+        resolve_backend(name, wl.num_heads // tp, wl.dtype, wl.topk, platform, wl.kv_dtype)  # heads per rank
     except (ValueError, RuntimeError) as exc:  # refused configuration / auto found none
         raise ValueError(f"argument --attn-backend: {exc}{env_default_note(name)}") from None
     timing = default_timing(platform)
@@ -136,5 +146,27 @@ def request_from_args(args: argparse.Namespace, platform: Platform) -> BenchRequ
         workload=wl, backend=name, modes=args.modes, iters=iters,
         warmup=args.warmup if args.warmup is not None else timing["warmup"],
         window=min(timing["window"], iters), sanitize=args.sanitize, check=not args.no_check,
-        peaks=peaks, json_path=args.json, platform=platform,
+        peaks=peaks, json_path=args.json, platform=platform, tp=tp,
     )
+
+
+def check_tp(tp: int, heads: int, heads_note: str | None, platform: Platform) -> None:
+    """Refuse a ``--tp`` that cannot split ``heads`` evenly, that needs more GPUs than this
+    process sees, or that disagrees with torchrun's ``WORLD_SIZE``.
+
+    Raises:
+        ValueError: naming ``--tp`` and what it must be.
+    """
+    heads_s = f"{heads}, {heads_note}" if heads_note else str(heads)
+    if heads % tp:
+        raise ValueError(f"--heads ({heads_s}) must be a multiple of --tp ({tp}): each rank takes "
+                         f"heads / tp heads; pick a --tp that divides {heads}")
+    world = os.environ.get("WORLD_SIZE")
+    if world is not None and world.isdigit() and int(world) > 1 and int(world) != tp:
+        raise ValueError(f"--tp ({tp}) must equal torchrun's WORLD_SIZE ({world}): under torchrun each "
+                         f"process is one rank; run torchrun --nproc-per-node {tp}, or pass --tp {world}")
+    if tp > 1 and platform.has_gpu:
+        gpus = torch.cuda.device_count()
+        if world is None and tp > gpus:
+            raise ValueError(f"--tp {tp} needs {tp} GPUs (one per rank), this process sees {gpus}; "
+                             f"use --tp {gpus} or fewer, or check CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES")

@@ -18,6 +18,7 @@ import torch
 
 from .capture import is_capturing
 from .errors import CaptureCapacityError, CapturedBufferGrowthError
+from .platform import indexed_device
 
 
 _storage_epoch = 0  # bumped whenever any buffer replaces its storage
@@ -48,7 +49,8 @@ class GrowOnlyBuffer:
     Args:
         name: shown in every error about this buffer.
         row_shape: shape of one row, e.g. ``(padded_heads, 576)``.
-        dtype, device: of the storage.
+        dtype, device: of the storage (a bare ``"cuda"`` is the GPU current now: growth and
+            temporaries stay there whichever device is current later).
         policy: overflow policy once captured (see :class:`OverflowPolicy`).
         rows: initial capacity in rows (allocated now when > 0).
         fill: value every element holds at allocation (0 for padding and counters,
@@ -68,7 +70,7 @@ class GrowOnlyBuffer:
         self.name = name
         self.row_shape = tuple(int(d) for d in row_shape)
         self.dtype = dtype
-        self.device = torch.device(device)
+        self.device = indexed_device(device)
         self.policy = OverflowPolicy(policy)
         self.fill = fill
         self._captured = False

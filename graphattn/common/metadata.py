@@ -15,6 +15,7 @@ import torch
 from typing import Any, Callable, Hashable
 
 from .buffers import GrowOnlyBuffer, OverflowPolicy, storage_epoch
+from .platform import indexed_device
 
 D_QK = 576  # DeepSeek MLA: 512 latent ("nope") + 64 rotary dims per query/key
 D_V = 512  # V is the first 512 columns of the latent KV
@@ -31,7 +32,7 @@ class GraphMetadata:
         num_heads: query heads the caller passes.
         topk: indices per row.
         dtype: q/kv dtype (bf16 or fp16).
-        device: where the buffers live.
+        device: where the buffers live (``cuda:N``; a bare ``cuda`` is the GPU current now).
         padded_heads: head count of the q-pad buffer; ``None`` when the kernel needs no padding.
         counter_cols: counters per row (one per head block); 0 when no counter is used.
         num_splits: the most split-KV partials one row may use; 0 when no workspace is used.
@@ -71,7 +72,7 @@ class GraphMetadata:
         if padded_heads is not None and padded_heads < num_heads:
             raise ValueError(f"padded_heads ({padded_heads}) must be >= num_heads ({num_heads})")
         self.num_heads, self.topk, self.dtype = num_heads, topk, dtype
-        self.device = torch.device(device)
+        self.device = indexed_device(device)
         self.padded_heads, self.d_qk, self.d_v = padded_heads, d_qk, d_v
         self.num_splits = num_splits
         ws_heads = workspace_heads or padded_heads or num_heads

@@ -19,7 +19,7 @@ import functools
 import importlib
 import os
 import sys
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -70,16 +70,49 @@ class DeviceFacts:
         return self.vendor != "none"
 
 
-def detect_device() -> DeviceFacts:
-    """Ask torch about the current device (the only place besides ``cuda/`` and ``hip/``)."""
+def detect_device(index: int | None = None) -> DeviceFacts:
+    """Ask torch about GPU ``index`` (default: the current device); the only place besides
+    ``cuda/`` and ``hip/``."""
     if not torch.cuda.is_available():
         return DeviceFacts("none", "cpu", os.cpu_count() or 1)
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    index = torch.cuda.current_device() if index is None else index
+    props = torch.cuda.get_device_properties(index)
     if getattr(torch.version, "hip", None):
         return DeviceFacts("amd", props.name, props.multi_processor_count,
                            gfx_arch=props.gcnArchName.split(":")[0])
     return DeviceFacts("nvidia", props.name, props.multi_processor_count,
-                       capability=tuple(torch.cuda.get_device_capability()))
+                       capability=tuple(torch.cuda.get_device_capability(index)))
+
+
+# torch's C query of the current device: no lazy-init wrapper, no sync (absent from CPU builds,
+# where no tensor is on a GPU and nothing asks).
+_cuda_get_device = getattr(torch._C, "_cuda_getDevice", None)
+_NO_SCOPE = nullcontext()  # reusable: entering it does nothing
+
+
+def current_gpu_index() -> int:
+    """The current CUDA/HIP device index: where Triton launches and graphs capture. One C call
+    (cudaGetDevice / hipGetDevice), no synchronisation; only asked where a GPU tensor exists."""
+    return _cuda_get_device() if _cuda_get_device is not None else torch.cuda.current_device()
+
+
+def indexed_device(device: torch.device | str) -> torch.device:
+    """``device`` with its index: a bare ``"cuda"`` becomes ``cuda:<current device>``, so that
+    storage made now and grown later stays on one GPU whatever the current device is then."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        return torch.device("cuda", current_gpu_index())
+    return dev
+
+
+def device_scope(device: torch.device) -> AbstractContextManager[Any]:
+    """``torch.cuda.device(device)`` where ``device`` is a GPU other than the current one, else a
+    no-op context: Triton launches, graph captures and capture streams follow the *current*
+    device, so work for tensors on ``cuda:N`` runs with ``cuda:N`` current. Costs an int compare
+    when the device is already current (the single-GPU case) and nothing on the CPU."""
+    if device.type != "cuda" or device.index is None or device.index == current_gpu_index():
+        return _NO_SCOPE
+    return torch.cuda.device(device.index)
 
 
 class LaunchTable:
@@ -139,6 +172,8 @@ class Platform:
     Args:
         facts: the device (default: :func:`detect_device`, asked on first use).
         launch_table: the Triton launch settings (default: :func:`select_launch_table`).
+        device: where tensors live; default ``cuda`` (the current GPU, whichever it is when a
+            tensor is made) or ``cpu``. :meth:`on_device` makes one bound to ``cuda:N``.
 
     Attributes:
         name: ``"cpu"``, ``"cuda"`` or ``"hip"`` (the graph rules).
@@ -151,8 +186,10 @@ class Platform:
     name: str = "abstract"
     head_pad_multiple: int = 64
 
-    def __init__(self, facts: DeviceFacts | None = None, launch_table: LaunchTable | None = None):
+    def __init__(self, facts: DeviceFacts | None = None, launch_table: LaunchTable | None = None,
+                 device: torch.device | str | None = None):
         self._facts, self._launch_table = facts, launch_table
+        self._device = torch.device(device) if device is not None else None
 
     @functools.cached_property
     def facts(self) -> DeviceFacts:
@@ -161,8 +198,38 @@ class Platform:
 
     @functools.cached_property
     def device(self) -> torch.device:
-        """The torch device tensors live on (``cuda`` for both NVIDIA and AMD GPUs)."""
+        """The torch device tensors live on (``cuda`` for both NVIDIA and AMD GPUs; ``cuda:N``
+        for a platform made by :meth:`on_device`)."""
+        if self._device is not None:
+            return self._device
         return torch.device("cuda") if self.facts.has_gpu else torch.device("cpu")
+
+    def on_device(self, device: torch.device | str | int) -> "Platform":
+        """These graph rules on one device: a platform of the same class whose ``device`` is
+        ``cuda:N`` (current or not; a bare ``cuda`` means the current one), with that GPU's
+        facts. A backend made with it keeps its metadata there, and graphs on it capture and
+        replay there (one per tensor-parallel rank). On the CPU only ``cpu`` is accepted.
+
+        Raises:
+            ValueError: another kind of device than this platform's, or an index this process
+                does not see.
+        """
+        dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        if dev.type != self.device.type:
+            raise ValueError(
+                f"platform '{self.name}' keeps tensors on {self.device.type!r}, got device {dev}; "
+                f"use a {self.device.type} device" + ("" if self.has_gpu else " (there is no GPU here)")
+            )
+        if dev.type != "cuda":
+            return self
+        dev = indexed_device(dev)
+        count = torch.cuda.device_count()
+        if not 0 <= dev.index < count:
+            raise ValueError(
+                f"device {dev} does not exist: this process sees {count} GPU(s) (cuda:0..cuda:{count - 1}); "
+                "check CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES"
+            )
+        return type(self)(self._facts or detect_device(dev.index), self._launch_table, device=dev)
 
     @functools.cached_property
     def has_gpu(self) -> bool:
@@ -198,9 +265,9 @@ class Platform:
         return self.has_gpu and torch.cuda.is_current_stream_capturing()
 
     def synchronize(self) -> None:
-        """Wait for all queued device work."""
+        """Wait for all queued work of this platform's device (the current GPU for ``cuda``)."""
         if self.has_gpu:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)
 
     def empty_cache(self) -> None:
         """Return cached allocator blocks to the device (a flush between replays in tests)."""

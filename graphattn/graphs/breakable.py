@@ -22,7 +22,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ..common.buffers import GrowOnlyBuffer
-from ..common.platform import Platform, current_platform
+from ..common.platform import Platform, current_platform, device_scope, indexed_device
 from .sanitizer import (
     StorageTracker,
     collect_buffer_names,
@@ -107,6 +107,10 @@ class BreakableGraph:
         pool: a pool handle to share with other graphs (default: the first segment's own).
         breaks: False captures ``eager_on_graph`` functions inline (a full graph).
         name_roots: extra ``(label, object)`` pairs to name buffers in errors (e.g. metadata).
+        device: the GPU the graph captures and replays on, current or not (default: the
+            platform's device; a bare ``cuda`` is whichever GPU is current at each call).
+            Capture streams, captures and Triton launches follow the current device, so the
+            graph makes this one current around its warm-up, capture and replay.
 
     ``capture(fn, *args, **kwargs)`` runs ``fn`` once under capture and returns its outputs;
     ``replay()`` replays every segment and break in order and returns the same output objects,
@@ -120,8 +124,10 @@ class BreakableGraph:
         pool: Any = None,
         breaks: bool = True,
         name_roots: Iterable[tuple[str, Any]] = (),
+        device: torch.device | str | None = None,
     ):
         self.platform = platform or current_platform()
+        self.device = torch.device(device) if device is not None else self.platform.device
         self.segment_class = self.platform.graph_segment_class()
         self.sanitize = sanitize_enabled(sanitize)
         self.emulated = bool(getattr(self.segment_class, "emulated", False)) or not self.platform.has_gpu
@@ -153,7 +159,7 @@ class BreakableGraph:
     # -- capture ------------------------------------------------------------------------
     def warmup(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         """Run ``fn`` eagerly on the stream captures use (HIP: hipBLASLt handles are per stream)."""
-        with self.segment_class.warmup_scope():
+        with device_scope(self.device), self.segment_class.warmup_scope():
             out = fn(*args, **kwargs)
         return out
 
@@ -174,14 +180,16 @@ class BreakableGraph:
         # likewise collects garbage before it captures.
         gc_was_enabled = gc.isenabled()
         gc.disable()
+        self.device = indexed_device(self.device)  # replays run where this capture ran
         try:
-            self._begin_segment()
-            try:
-                self.out = fn(*args, **kwargs)
-            except BaseException:
-                self._abort_segment()
-                raise
-            self._end_segment()
+            with device_scope(self.device):  # capture streams and captures are per device
+                self._begin_segment()
+                try:
+                    self.out = fn(*args, **kwargs)
+                except BaseException:
+                    self._abort_segment()
+                    raise
+                self._end_segment()
         finally:
             _active.graph = None
             if gc_was_enabled:
@@ -251,10 +259,11 @@ class BreakableGraph:
         if not self.captured:
             raise RuntimeError("replay() before capture()")
         self.check()
-        for i, seg in enumerate(self.segments):
-            seg.replay()
-            if i < len(self._breaks):
-                self._breaks[i].run()
+        with device_scope(self.device):  # no-op when the graph's device is current
+            for i, seg in enumerate(self.segments):
+                seg.replay()
+                if i < len(self._breaks):
+                    self._breaks[i].run()
         return self.out
 
     def held_storages(self) -> list[Any]:

@@ -152,7 +152,21 @@ class EmulatedGraphSegment:
             for op, (leaves, outputs) in zip(self.ops, resolved):
                 args, kwargs = tree_unflatten(leaves, op.spec)
                 result, _ = tree_flatten(op.func(*args, **kwargs))
+                _wait_for_collectives(result)
                 _write_back(op, result, outputs)
+
+
+def _wait_for_collectives(result: list[Any]) -> None:
+    """Wait for the ``Work`` a collective returns (``c10d.allreduce_`` under ``dist.all_reduce``).
+
+    At capture its caller waited (``work.wait()``, a method call the dispatch mode never sees);
+    a real graph orders the collective before the next kernel on the stream. The emulator runs
+    ops one after the other, so it waits here, where that order would hold: gloo runs the
+    collective on its own thread and the next op would otherwise read the unreduced tensor.
+    """
+    for r in result:
+        if isinstance(r, torch.ScriptObject) and hasattr(r, "wait"):
+            r.wait()
 
 
 def _revive(x: Any, cache: dict[int, torch.UntypedStorage]) -> Any:

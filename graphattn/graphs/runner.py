@@ -65,6 +65,8 @@ class GraphRunner:
             ``"breakable"`` (``eager_on_graph`` functions become breaks).
         sanitize: check borrowed storages before each replay (default: ``GRAPHATTN_SANITIZE``).
         platform: default ``current_platform()``.
+            The runner captures and replays on its static inputs' device (``cuda:N``, current
+            or not); a platform bound to another device (``Platform.on_device``) is an error.
         progress: optional ``progress(done, total, bucket, seconds)`` called after each capture.
         log_every: log a progress line every this many captured buckets.
     """
@@ -91,6 +93,8 @@ class GraphRunner:
             raise ValueError(f"static inputs must share dim 0 (max rows); got {sizes}")
         self.max_rows = next(iter(sizes.values()))
         self.fn, self.static = fn, dict(static_inputs)
+        self.platform = platform or current_platform()
+        self.device = self._static_device()
         self.pad_values = {name: 0 for name in self.static} | dict(pad_values or {})
         unknown = set(self.pad_values) - set(self.static)
         if unknown:
@@ -102,7 +106,6 @@ class GraphRunner:
                 f"buckets must lie in [1, {self.max_rows}] (the static inputs' rows); got {self.buckets}"
             )
         self.sanitize = sanitize_enabled(sanitize)
-        self.platform = platform or current_platform()
         self.progress, self.log_every = progress, max(1, int(log_every))
         self.graphs: dict[int, BreakableGraph] = {}
         self.pool: Any = None
@@ -149,13 +152,13 @@ class GraphRunner:
         t0 = time.perf_counter()
         roots = [("metadata", self.metadata)] if self.metadata is not None else []
         graph = BreakableGraph(
-            self.platform, self.sanitize, self.pool, self.mode == "breakable", roots
+            self.platform, self.sanitize, self.pool, self.mode == "breakable", roots, device=self.device
         )
         inputs = self._inputs(bucket)
         graph.warmup(self.fn, **inputs)  # as engines do: first-call work happens outside
-        self.platform.synchronize()
+        self._synchronize()
         graph.capture(self.fn, **inputs)
-        self.platform.synchronize()
+        self._synchronize()
         self.pool = graph.pool
         self.graphs[bucket] = graph
         if self.metadata is not None:
@@ -164,8 +167,38 @@ class GraphRunner:
 
     def _memory(self) -> int:
         if self.platform.has_gpu:
-            return torch.cuda.memory_allocated()
+            return torch.cuda.memory_allocated(self.device)
         return 0
+
+    def _synchronize(self) -> None:
+        if self.platform.has_gpu:
+            torch.cuda.synchronize(self.device)
+
+    # -- devices --------------------------------------------------------------------------
+    def _static_device(self) -> torch.device:
+        """The one device of the static inputs (and of the platform, where it names one)."""
+        devices = {name: t.device for name, t in self.static.items()}
+        device = next(iter(devices.values()))
+        if len(set(devices.values())) != 1:
+            raise ValueError(f"static inputs must be on one device; got {devices}")
+        bound = self.platform.device
+        if bound.index is not None and bound != device:
+            raise ValueError(
+                f"static inputs are on {device} but the platform is bound to {bound}; make them "
+                f"on {bound} or pass platform=current_platform().on_device({str(device)!r})"
+            )
+        return device
+
+    def _check_live_devices(self, live: Mapping[str, torch.Tensor]) -> None:
+        """Refuse a live input on another device than the graphs' (a copy across GPUs would
+        run, slowly, where the engine meant one rank's tensors). No tensor op, no sync."""
+        device = self.device
+        for name, t in live.items():
+            if t.device != device:
+                raise ValueError(
+                    f"run(): input {name!r} is on {t.device} but this runner's graphs are on "
+                    f"{self.device}; pass tensors on {self.device} (one runner per device)"
+                )
 
     # -- replay -------------------------------------------------------------------------
     def bucket_for(self, rows: int) -> int | None:
@@ -193,6 +226,7 @@ class GraphRunner:
         what must outlive it. Rows above the largest bucket run ``fn`` eagerly.
         """
         rows = self._live_rows(live)
+        self._check_live_devices(live)
         bucket = self.bucket_for(rows)
         if bucket is None or bucket not in self.graphs:
             if bucket is not None:

@@ -14,7 +14,7 @@ import torch
 
 from ..common.kv_layout import is_fp8_kv
 from ..common.metadata import D_QK, D_V
-from ..common.platform import Platform, current_platform
+from ..common.platform import Platform, current_platform, device_scope
 from . import checks
 from ._core import LOG2E, _split_program, _store_final, _store_partial
 from ._jit import jit, tl, triton
@@ -209,7 +209,8 @@ def sparse_mla_flashmla(
     _check(q, kv, indices, ws_out, ws_lse)
     plan = plan_flashmla(q.shape[0], q.shape[1], indices.shape[1], ws_out.shape[1], aligned_16(q, kv),
                          is_fp8_kv(kv))
-    return run_flashmla(plan, q, kv, indices, sm_scale, ws_out, ws_lse)
+    with device_scope(q.device):  # Triton launches on the current device: make it q's
+        return run_flashmla(plan, q, kv, indices, sm_scale, ws_out, ws_lse)
 
 
 @sparse_mla_flashmla.register_fake

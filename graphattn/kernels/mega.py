@@ -13,7 +13,7 @@ import torch
 
 from ..common.kv_layout import is_fp8_kv
 from ..common.metadata import D_QK, D_V
-from ..common.platform import Platform, current_platform
+from ..common.platform import Platform, current_platform, device_scope
 from . import checks
 from ._core import LOG2E, _attend_range, _finalize, _load_q, _store_final
 from ._jit import jit, tl
@@ -106,7 +106,9 @@ def sparse_mla_mega(
         no valid index gives out 0 and lse −inf.
     """
     checks.check_attention_inputs(PATH, q, kv, indices)
-    return run_mega(plan_mega(q.shape[0], q.shape[1], indices.shape[1], is_fp8_kv(kv)), q, kv, indices, sm_scale)
+    plan = plan_mega(q.shape[0], q.shape[1], indices.shape[1], is_fp8_kv(kv))
+    with device_scope(q.device):  # Triton launches on the current device: make it q's
+        return run_mega(plan, q, kv, indices, sm_scale)
 
 
 @sparse_mla_mega.register_fake

@@ -21,7 +21,7 @@ import torch
 
 from ..common.kv_layout import is_fp8_kv
 from ..common.metadata import D_QK, D_V
-from ..common.platform import Platform, current_platform
+from ..common.platform import Platform, current_platform, device_scope
 from . import checks
 from ._core import LOG2E, _combine_splits, _split_program, _store_final, _store_partial
 from ._jit import jit, tl
@@ -148,7 +148,8 @@ def sparse_mla_trtllm(
         no valid index gives out 0 and lse −inf.
     """
     plan = _check(q, kv, indices, counter, ws_out, ws_lse)
-    return run_trtllm(plan, q, kv, indices, sm_scale, counter, ws_out, ws_lse)
+    with device_scope(q.device):  # Triton launches on the current device: make it q's
+        return run_trtllm(plan, q, kv, indices, sm_scale, counter, ws_out, ws_lse)
 
 
 @sparse_mla_trtllm.register_fake

@@ -25,6 +25,9 @@ Options (aliases in brackets, where free):
                               or ``fp8`` (656-byte FP8 tokens, against the reference of the
                               dequantised cache; backends that do not take the layout are
                               skipped with their reason).
+    --graphattn-device DEVICE [--conformance-device] where the suite's tensors, metadata and
+                              graphs live, e.g. ``cuda:1`` (current device or not; the current
+                              one stays as it is). Default: the platform's device.
 """
 
 from __future__ import annotations
@@ -55,9 +58,14 @@ OPTIONS: dict[str, dict[str, Any]] = {
         dest="graphattn_kv_dtype", choices=("auto", "fp8"), default="auto",
         help="KV-cache layout of the graphattn conformance suite: auto (kv in q's dtype) or fp8 "
         "(656-byte FP8 tokens, checked against the reference of the dequantised cache)"),
+    "--graphattn-device": dict(
+        dest="graphattn_device", default=None, metavar="DEVICE",
+        help="device of the graphattn conformance suite, e.g. cuda:1 (any index, current or not; "
+        "default: the platform's device)"),
 }
 ALIASES = {"--attn-backend": "--graphattn-backend", "--conformance-shapes": "--graphattn-shapes",
-           "--conformance-dtype": "--graphattn-dtype", "--conformance-kv-dtype": "--graphattn-kv-dtype"}
+           "--conformance-dtype": "--graphattn-dtype", "--conformance-kv-dtype": "--graphattn-kv-dtype",
+           "--conformance-device": "--graphattn-device"}
 _INTERPRETER_SCOPE = pytest.StashKey[contextlib.ExitStack]()
 
 
@@ -71,6 +79,7 @@ class ConformanceCase:
     shape: Any  # graphattn.testing.specs.SuiteShape
     dtype: Any  # torch.dtype or None (pick_dtype decides)
     kv_dtype: str = "auto"  # the KV layout: "auto" or "fp8"
+    device: str | None = None  # e.g. "cuda:1"; None: the platform's device
 
     @property
     def id(self) -> str:
@@ -83,7 +92,7 @@ class ConformanceCase:
         from .checks import check_case
 
         check_case(get_backend_class(self.backend), self.spec, self.mode, self.shape, self.dtype,
-                   kv_dtype=self.kv_dtype)
+                   platform=device_platform(self.device), kv_dtype=self.kv_dtype)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -139,6 +148,27 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "graphattn_conformance: a graphattn backend conformance case")
     if config.getoption("graphattn_backends"):  # asked for: a bad name fails now, as a usage error
         selected_backends(config.getoption("graphattn_backends"))
+    if config.getoption("graphattn_device"):  # likewise a device this process does not have
+        device_platform(config.getoption("graphattn_device"))
+
+
+def device_platform(device: str | None) -> Any:
+    """The current platform bound to ``device`` (``Platform.on_device``), or ``None`` for the
+    platform's own device.
+
+    Raises:
+        pytest.UsageError: a device that is not one of this platform's (or does not exist).
+    """
+    if not device:
+        return None
+    import torch
+
+    from ..common.platform import current_platform
+
+    try:
+        return current_platform().on_device(torch.device(device))
+    except (ValueError, RuntimeError) as exc:  # RuntimeError: torch cannot parse the string
+        raise pytest.UsageError(f"--graphattn-device {device}: {exc}") from None
 
 
 def _leave_suite(config: pytest.Config) -> None:
@@ -202,9 +232,10 @@ def selected_backends(option_values: list[str] | None) -> list[str]:
 
 
 def conformance_params(backends: list[str], shape_name: str | None = None, dtype_name: str | None = None,
-                       kv_dtype: str = "auto") -> list:
+                       kv_dtype: str = "auto", device: str | None = None) -> list:
     """``pytest.param`` objects for backends x specs x modes, with skip marks and readable ids
-    (``kv_dtype``: the KV layout every case passes, ``"auto"`` or ``"fp8"``)."""
+    (``kv_dtype``: the KV layout every case passes, ``"auto"`` or ``"fp8"``; ``device``: where
+    every case runs, ``None`` for the platform's device)."""
     import torch
 
     from ..backends import get_backend_class
@@ -221,7 +252,7 @@ def conformance_params(backends: list[str], shape_name: str | None = None, dtype
         dtype = pick_dtype(cls, platform, requested)
         for spec in shape.specs:
             for mode in MODES:
-                case = ConformanceCase(name, spec, mode, shape, dtype, kv_dtype)
+                case = ConformanceCase(name, spec, mode, shape, dtype, kv_dtype, device)
                 reason = skip_reason(cls, spec, mode, dtype, platform, kv_dtype)
                 marks = [pytest.mark.graphattn_conformance]
                 if reason:
@@ -237,5 +268,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     _enter_suite(metafunc.config)
     opt = metafunc.config.getoption
     backends = selected_backends(opt("graphattn_backends"))
-    params = conformance_params(backends, opt("graphattn_shapes"), opt("graphattn_dtype"), opt("graphattn_kv_dtype"))
+    params = conformance_params(backends, opt("graphattn_shapes"), opt("graphattn_dtype"), opt("graphattn_kv_dtype"),
+                                opt("graphattn_device"))
     metafunc.parametrize(CASE_ARG, params)
