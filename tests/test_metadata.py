@@ -136,7 +136,9 @@ def test_refresh_is_in_place_and_keeps_the_mark():
     assert all(objs[b.name] is b.tensor for b in m.buffers())
     assert m.q_pad is q_pad and m.q_pad_captured and m.captured
     with pytest.raises(CapturedBufferGrowthError, match="'indices'"):
-        m.refresh_(torch.zeros(17, TOPK, dtype=torch.int32))
+        m.indices.reserve(17)
+    m.refresh_(torch.zeros(17, TOPK, dtype=torch.int32))  # oversized: a temporary table
+    assert m.oversized and {b.name: b.data_ptr() for b in m.buffers()} == ptrs
 
 
 def test_sized_in_rows_not_requests():

@@ -142,7 +142,7 @@ class GrowOnlyBuffer:
             if not self._captured:
                 self.reserve(rows)
             elif self.policy is OverflowPolicy.TEMPORARY:
-                return self._allocate(rows)
+                return self._allocate(rows)  # never stored: the graph never sees it
             else:
                 raise CapturedBufferGrowthError(self.name, self.capacity, rows)
         if capturing:
@@ -155,6 +155,18 @@ class GrowOnlyBuffer:
         if view is None:
             view = self._views[rows] = self._data[:rows]
         return view
+
+    def temporary(self, rows: int) -> torch.Tensor:
+        """A fresh ``[rows, *row_shape]`` tensor filled like a new allocation, which is never
+        this buffer's storage (an oversized eager step's scratch; whatever the policy).
+
+        Raises:
+            CaptureCapacityError: a capture is in progress (a graph would bake its address).
+        """
+        rows = int(rows)
+        if is_capturing():
+            raise CaptureCapacityError(self.name, self.capacity, rows)
+        return self._allocate(rows)
 
     def mark_captured(self) -> None:
         """Pin the storage: from now on it is never freed or replaced by this object."""
