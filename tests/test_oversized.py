@@ -50,7 +50,7 @@ def check_reference(name: str, what: str, q, idx, out, lse, sm_scale: float) -> 
     tol = tolerance(DTYPE)
     torch.testing.assert_close(out.double(), ref_out, atol=tol.atol, rtol=tol.rtol,
                                msg=lambda m: f"backend '{name}' {what}: out {m}")
-    torch.testing.assert_close(lse.double(), ref_lse, atol=tol.atol, rtol=tol.rtol,
+    torch.testing.assert_close(lse.double(), ref_lse, atol=tol.lse_atol, rtol=tol.lse_rtol,
                                msg=lambda m: f"backend '{name}' {what}: lse {m}")
 
 
@@ -119,24 +119,6 @@ def test_oversized_step_refuses_another_row_count():
         backend.forward(q[:4], kv_pool(), md)
     with pytest.raises(ValueError, match="planned step has 5 rows"):
         runner.run(q=q[:2])  # a bucket would replay on the captured table's stale rows
-
-
-def test_q_pad_and_counter_temporaries_follow_the_oversized_plan():
-    md = GraphMetadata(2, 4, 8, DTYPE, "cpu", padded_heads=16, counter_cols=2)
-    md.mark_captured()
-    ptrs = {b.name: b.data_ptr() for b in md.buffers()}
-    md.refresh_(torch.zeros(5, 8, dtype=torch.int32))
-    assert md.oversized and md.indices_for(5).shape == (5, 8)
-    q = torch.randn(5, 4, 576).to(DTYPE)
-    padded = md.zero_padded_q(q)
-    assert padded.shape == (5, 16, 576) and torch.equal(padded[:, :4], q)
-    assert torch.count_nonzero(padded[:, 4:]) == 0, "temporary q-pad padding heads must be zero"
-    counter = md.counter_for(5)
-    assert counter.shape == (5, 2) and int(counter.abs().sum()) == 0
-    assert {b.name: b.data_ptr() for b in md.buffers()} == ptrs
-    assert padded.data_ptr() != ptrs["q_pad"] and counter.data_ptr() != ptrs["multi_cta_counter"]
-    md.refresh_(torch.zeros(2, 8, dtype=torch.int32))
-    assert not md.oversized and md.indices_for(2).data_ptr() == ptrs["indices"]
 
 
 def test_q_pad_captured_is_false_without_a_q_pad_buffer():

@@ -142,7 +142,7 @@ class GrowOnlyBuffer:
             if not self._captured:
                 self.reserve(rows)
             elif self.policy is OverflowPolicy.TEMPORARY:
-                return self._allocate(rows)  # never stored: the graph never sees it
+                return self._allocate(rows)
             else:
                 raise CapturedBufferGrowthError(self.name, self.capacity, rows)
         if capturing:

@@ -337,10 +337,10 @@ class GraphMetadata:
             )
         if rows <= planned:
             return
-        table = self.indices.view(rows)
+        padded = self.indices.view(rows)
         dirty = self._dirty_rows if self._dirty_storage is self.indices.tensor else 0
         if dirty > planned:
-            table[planned:min(rows, dirty)].fill_(-1)
+            padded[planned:min(rows, dirty)].fill_(-1)
         self._dirty_storage = self.indices.tensor
         self._dirty_rows = dirty if dirty > rows else min(dirty, planned)
         self.num_planned_rows = rows
