@@ -34,6 +34,9 @@ MUTATIONS = [
     ("oversized eager call gets the captured buffer", "graphattn/common/buffers.py",
      "            elif self.policy is OverflowPolicy.TEMPORARY:\n                return self._allocate(rows)\n",
      "            elif self.policy is OverflowPolicy.TEMPORARY:\n                return self._data\n"),
+    ("oversized step gets captured storage, not a temporary", "graphattn/common/buffers.py",
+     "            raise CaptureCapacityError(self.name, self.capacity, rows)\n        return self._allocate(rows)\n",
+     "            raise CaptureCapacityError(self.name, self.capacity, rows)\n        return self._data\n"),
     ("overflow allowed during capture", "graphattn/common/buffers.py",
      "            if capturing:\n                raise CaptureCapacityError(self.name, self.capacity, rows)\n"
      "            if not self._captured:",
@@ -45,7 +48,7 @@ MUTATIONS = [
      "        return self._data[:rows]\n",
      "        return self._data[:rows].clone()\n"),
     ("padding rows not made inert in refresh_", "graphattn/common/metadata.py",
-     "        table[n:].fill_(-1)\n", ""),
+     "                table[n:min(rows, dirty)].fill_(-1)\n", "                pass\n"),
 ]
 
 

@@ -86,22 +86,27 @@ def _capture(backend, md, rows: int) -> GraphRunner:
 
 
 def test_oversized_eager_call_after_capture_follows_each_rule():
-    # trtllm: the counter is TEMPORARY (an eager call past capacity gets a temporary); the index
-    # table is RAISE; the workspace is a fixed pool that serves every row count.
+    # After capture, a step beyond the reserved rows runs on temporaries (tests/test_oversized.py
+    # checks the numbers); the buffers themselves keep their rules: the counter is TEMPORARY,
+    # the q-pad buffer is RAISE when asked directly, and neither is ever replaced.
     trt = make("trtllm")
     md = trt.make_metadata(2)
     runner = _capture(trt, md, 2)
     counter_ptr = md.counter.data_ptr()
     q, idx = inputs(3)
-    with pytest.raises(CapturedBufferGrowthError, match="'indices'"):
-        trt.plan(md, idx)  # the index table is RAISE: reserve max(max_bs, max_num_tokens) up front
+    trt.plan(md, idx)  # oversized: a temporary index table
+    assert md.oversized and md.num_planned_rows == 3
     assert md.counter.data_ptr() == counter_ptr
-    # flashmla: the q-pad buffer is RAISE -> growth after capture fails loudly, never frees.
     fm = make("flashmla")
     md = fm.make_metadata(2)
     _capture(fm, md, 2)
     with pytest.raises(CapturedBufferGrowthError, match="'q_pad'"):
-        md.zero_padded_q(q)
+        md.zero_padded_q(q)  # no oversized step planned: the q-pad rule refuses the growth
+    with pytest.raises(CapturedBufferGrowthError, match="'q_pad'"):
+        md.q_pad.reserve(3)
+    with pytest.raises(ValueError, match="planned step has 3 rows"):
+        runner.run(q=inputs(2)[0])  # the trtllm runner's planned step is the oversized one
+    trt.plan(runner.metadata, inputs(2)[1])
     assert runner.run(q=inputs(2)[0])[0].shape == (2, HEADS, 512)
 
 

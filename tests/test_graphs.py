@@ -133,7 +133,8 @@ def test_capture_marks_the_buffers_and_metadata_it_used(platform_name):
 def test_hip_rules_refuse_nested_capture(monkeypatch):
     monkeypatch.setenv("GRAPHATTN_PLATFORM", "hip")
     reset_platform_cache()  # the cpu_platform fixture restores the cpu platform afterwards
-    assert current_platform().graph_segment_class() is HipGraphSegment
+    cls = current_platform().graph_segment_class()
+    assert issubclass(cls, HipGraphSegment) and cls.platform is current_platform()
     seg = HipGraphSegment()
     assert seg.emulated and isinstance(seg._inner, EmulatedGraphSegment)
     with capture_scope(), pytest.raises(GraphSafetyError, match="already capturing"):

@@ -136,7 +136,9 @@ def test_refresh_is_in_place_and_keeps_the_mark():
     assert all(objs[b.name] is b.tensor for b in m.buffers())
     assert m.q_pad is q_pad and m.q_pad_captured and m.captured
     with pytest.raises(CapturedBufferGrowthError, match="'indices'"):
-        m.refresh_(torch.zeros(17, TOPK, dtype=torch.int32))
+        m.indices.reserve(17)
+    m.refresh_(torch.zeros(17, TOPK, dtype=torch.int32))  # oversized: a temporary table
+    assert m.oversized and {b.name: b.data_ptr() for b in m.buffers()} == ptrs
 
 
 def test_sized_in_rows_not_requests():
@@ -161,3 +163,21 @@ def test_bad_inputs_are_clear():
                  lambda: bare.workspace_for(1)):
         with pytest.raises(RuntimeError, match="this metadata has no"):
             call()
+
+
+def test_q_pad_and_counter_temporaries_follow_the_oversized_plan():
+    md = GraphMetadata(2, 4, 8, torch.float16, "cpu", padded_heads=16, counter_cols=2)
+    md.mark_captured()
+    ptrs = {b.name: b.data_ptr() for b in md.buffers()}
+    md.refresh_(torch.zeros(5, 8, dtype=torch.int32))
+    assert md.oversized and md.indices_for(5).shape == (5, 8)
+    q = torch.randn(5, 4, 576).to(torch.float16)
+    padded = md.zero_padded_q(q)
+    assert padded.shape == (5, 16, 576) and torch.equal(padded[:, :4], q)
+    assert torch.count_nonzero(padded[:, 4:]) == 0, "temporary q-pad padding heads must be zero"
+    counter = md.counter_for(5)
+    assert counter.shape == (5, 2) and int(counter.abs().sum()) == 0
+    assert {b.name: b.data_ptr() for b in md.buffers()} == ptrs
+    assert padded.data_ptr() != ptrs["q_pad"] and counter.data_ptr() != ptrs["multi_cta_counter"]
+    md.refresh_(torch.zeros(2, 8, dtype=torch.int32))
+    assert not md.oversized and md.indices_for(2).data_ptr() == ptrs["indices"]

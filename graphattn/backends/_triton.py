@@ -61,7 +61,7 @@ class TritonBackend(AttentionBackend):
 
         Host side, not capturable; see :meth:`AttentionBackend.make_metadata`.
         """
-        plan = split_plan(self.kernel_spec.name, self._kernel_heads, self.topk)
+        plan = split_plan(self.kernel_spec.name, self._kernel_heads, self.topk, self.platform)
         return GraphMetadata(
             max_rows, self.num_heads, self.topk, self.dtype, self.device,
             padded_heads=self.padded_heads, **plan.metadata_kwargs(),

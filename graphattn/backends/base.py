@@ -244,11 +244,14 @@ class AttentionBackend:
         """Host-side setup for one step. **Not capturable**: call it outside any graph.
 
         Writes ``indices [rows, topk]`` int32 (-1 = skip) into ``metadata``'s persistent index
-        table in place; rows ``rows:pad_to`` become -1 (the inert padding rows of a graph bucket).
+        table in place; rows ``rows:pad_to`` become -1 (the inert padding rows of a graph bucket;
+        ``GraphRunner.run`` pads to its bucket itself, so engines need no ``pad_to``). After
+        capture, a step with more rows than the metadata reserved is written to a temporary
+        table instead (an oversized eager step, see ``GraphMetadata.oversized``).
 
         Raises:
             ValueError: wrong shape or dtype.
-            CapturedBufferGrowthError: more rows than a captured metadata holds.
+            CaptureCapacityError: more rows than reserved, during a capture.
         """
         if indices.dtype != torch.int32:
             raise ValueError(f"plan: indices must be int32, got {indices.dtype}")

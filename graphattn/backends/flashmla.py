@@ -30,5 +30,5 @@ class FlashMLABackend(TritonBackend):
 
     def _build_plan(self, rows: int, aligned: bool, ws_splits: int) -> LaunchPlan:
         return self._module.plan_flashmla(rows, self._kernel_heads, self.topk, ws_splits, aligned,
-                                          self.kv_fp8)
+                                          self.kv_fp8, self.platform)
 

@@ -158,6 +158,18 @@ class GrowOnlyBuffer:
             view = self._views[rows] = self._data[:rows]
         return view
 
+    def temporary(self, rows: int) -> torch.Tensor:
+        """A fresh ``[rows, *row_shape]`` tensor filled like a new allocation, which is never
+        this buffer's storage (an oversized eager step's scratch; whatever the policy).
+
+        Raises:
+            CaptureCapacityError: a capture is in progress (a graph would bake its address).
+        """
+        rows = int(rows)
+        if is_capturing():
+            raise CaptureCapacityError(self.name, self.capacity, rows)
+        return self._allocate(rows)
+
     def mark_captured(self) -> None:
         """Pin the storage: from now on it is never freed or replaced by this object."""
         self._captured = True

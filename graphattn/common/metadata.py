@@ -6,16 +6,26 @@ capture and pinned by it; the split-KV workspace is the exception: a fixed pool 
 serves every row count (more rows, fewer splits per row). ``refresh_`` updates per-step tensors
 in place for a replay and never replaces a tensor, the q-pad buffer, or the capture mark (HIP's
 breakable-graph rule, used on CUDA too).
+
+An *oversized* step (an eager step planned after capture with more rows than were reserved)
+runs on temporaries: ``refresh_`` writes its indices into a temporary table and the q-pad and
+counter slices of that step are temporaries too, so captured storage is neither replaced nor
+touched. Inside a capture such a step raises :class:`CaptureCapacityError`.
 """
 
 from __future__ import annotations
 
-import torch
-
+import logging
 from typing import Any, Callable, Hashable
 
+import torch
+
 from .buffers import GrowOnlyBuffer, OverflowPolicy, storage_epoch
+from .capture import is_capturing
+from .errors import CaptureCapacityError
 from .platform import indexed_device
+
+log = logging.getLogger(__name__)
 
 D_QK = 576  # DeepSeek MLA: 512 latent ("nope") + 64 rotary dims per query/key
 D_V = 512  # V is the first 512 columns of the latent KV
@@ -51,7 +61,8 @@ class GraphMetadata:
         indices: ``[R, topk]`` int32 KV-pool rows per query row, −1 = skip; the per-step tensor
             ``refresh_`` writes in place. Policy RAISE.
         num_rows: live rows written by the last ``refresh_`` (host int).
-        num_planned_rows: rows the last ``refresh_`` wrote including padding (``max(n, pad_to)``).
+        num_planned_rows: rows the last ``refresh_`` wrote including padding (``max(n, pad_to)``);
+            above :attr:`capacity` the step is oversized (:attr:`oversized`).
     """
 
     def __init__(
@@ -85,6 +96,9 @@ class GraphMetadata:
         self._dirty_storage: torch.Tensor | None = None  # the index table _dirty_rows describes
         self._dirty_rows = 0
         self._bound_epoch = storage_epoch()
+        # The oversized step's temporary index table ([num_planned_rows, topk] int32), or None.
+        self._oversized: torch.Tensor | None = None
+        self._oversized_logged = False
 
         def buf(name, row_shape, dt, policy, fill=0, rows=0):
             return GrowOnlyBuffer(name, row_shape, dt, self.device, policy, rows, fill)
@@ -145,8 +159,15 @@ class GraphMetadata:
 
     @property
     def q_pad_captured(self) -> bool:
-        """The q-pad mark: True once a graph holds the q-pad buffer; growth then fails."""
-        return self._captured or (self.q_pad is not None and self.q_pad.captured)
+        """The q-pad mark: True once a graph holds the q-pad buffer; growth then fails.
+        Always False on metadata without a q-pad buffer (``padded_heads=None``)."""
+        return self.q_pad is not None and (self._captured or self.q_pad.captured)
+
+    @property
+    def oversized(self) -> bool:
+        """True while the planned step has more rows than the captured buffers hold
+        (``num_planned_rows > capacity`` after capture): it runs eagerly on temporaries."""
+        return self._oversized is not None
 
     def mark_captured(self) -> None:
         """Pin every buffer (a capture calls this; it is never undone)."""
@@ -169,6 +190,10 @@ class GraphMetadata:
                 f"zero_padded_q: expected q [rows, {expected[0]}, {expected[1]}] {self.dtype}, "
                 f"got {tuple(q.shape)} {q.dtype}"
             )
+        if self._oversized is not None and q.shape[0] > self.q_pad.capacity:
+            padded = self._step_temporary(self.q_pad, q.shape[0])  # zero padding heads
+            padded.narrow(1, 0, self.num_heads).copy_(q)
+            return padded
         padded = self.q_pad.view(q.shape[0])
         heads = self._q_heads.get(q.shape[0])
         if heads is None or heads[0] is not padded:  # new row count, or the storage grew
@@ -182,6 +207,8 @@ class GraphMetadata:
         """``[rows, counter_cols]`` int32 zeros: captured storage, or an eager temporary."""
         if self.counter is None:
             raise RuntimeError("this metadata has no multi-CTA counter (counter_cols=0)")
+        if self._oversized is not None and rows > self.counter.capacity:
+            return self._step_temporary(self.counter, rows)
         return self.counter.view(rows)
 
     def workspace_splits(self, rows: int) -> int:
@@ -221,8 +248,30 @@ class GraphMetadata:
         return views
 
     def indices_for(self, rows: int) -> torch.Tensor:
-        """``[rows, topk]`` int32 slice of the persistent index table."""
+        """``[rows, topk]`` int32 slice of the persistent index table, or the oversized step's
+        temporary table (written by ``refresh_``) when ``rows`` exceeds the captured capacity."""
+        if self._oversized is not None:
+            if rows == self._oversized.shape[0]:
+                if is_capturing():  # a graph would bake the address of a per-step table
+                    raise CaptureCapacityError(self.indices.name, self.indices.capacity, rows)
+                return self._oversized
+            self._check_step_rows(rows)
         return self.indices.view(rows)
+
+    def _check_step_rows(self, rows: int) -> None:
+        """An oversized step is planned: refuse a call for another row count (it would read
+        the captured table's stale rows, or a table nobody wrote)."""
+        if rows != self.num_planned_rows:
+            raise ValueError(
+                f"the planned step has {self.num_planned_rows} rows (more than the {self.capacity} "
+                f"reserved: it runs on temporaries), but a call came with {rows} rows. Fix: call "
+                f"backend.plan(metadata, indices) with this step's [{rows}, {self.topk}] indices first."
+            )
+
+    def _step_temporary(self, buf: GrowOnlyBuffer, rows: int) -> torch.Tensor:
+        """``buf``'s scratch for the oversized step (filled like a new buffer; never stored)."""
+        self._check_step_rows(rows)
+        return buf.temporary(rows)
 
     def bound_call(self, key: Hashable, build: Callable[[], Any]) -> Any:
         """A launch-ready call over this metadata's views, kept per ``key`` (``build()`` makes
@@ -253,6 +302,10 @@ class GraphMetadata:
             )
         n = indices.shape[0]
         rows = max(n, pad_to or 0)
+        if rows > self.indices.capacity and self.indices.captured:
+            self._refresh_oversized(indices, rows)
+            return
+        self._oversized = None
         table = self.indices.view(rows)
         # Rows at or past ``_dirty_rows`` of this storage still hold -1 (from allocation or an
         # earlier fill), so padding rows are filled only where a larger step wrote before: a
@@ -267,6 +320,51 @@ class GraphMetadata:
         self._dirty_storage = self.indices.tensor
         self._dirty_rows = max(n, dirty) if dirty > rows else n
         self.num_rows = n
+        self.num_planned_rows = rows
+
+    def extend_plan_(self, rows: int) -> None:
+        """Pad the planned step to ``rows`` rows with inert rows (−1) in place, so a graph
+        bucket of ``rows`` replays on it; a no-op when it already has that many.
+
+        ``GraphRunner.run`` calls it with the bucket it replays, so an engine's ``plan()``
+        needs no ``pad_to``. Host side, not capturable; like ``refresh_``, padding rows are
+        filled only where an earlier, larger step wrote.
+
+        Raises:
+            ValueError: the planned step is oversized (it runs eagerly, on temporaries).
+        """
+        planned = self.num_planned_rows
+        if self._oversized is not None:
+            raise ValueError(
+                f"a graph bucket of {rows} rows is about to replay, but the planned step has "
+                f"{planned} rows, more than the {self.capacity} reserved (it can only run "
+                f"eagerly). Fix: call backend.plan(metadata, indices) with this step's indices first."
+            )
+        if rows <= planned:
+            return
+        padded = self.indices.view(rows)
+        dirty = self._dirty_rows if self._dirty_storage is self.indices.tensor else 0
+        if dirty > planned:
+            padded[planned:min(rows, dirty)].fill_(-1)
+        self._dirty_storage = self.indices.tensor
+        self._dirty_rows = dirty if dirty > rows else min(dirty, planned)
+        self.num_planned_rows = rows
+
+    def _refresh_oversized(self, indices: torch.Tensor, rows: int) -> None:
+        """Write an oversized step into a temporary table; the captured one is left untouched
+        (so are its dirty-row records). Raises :class:`CaptureCapacityError` during a capture."""
+        table = self.indices.temporary(rows)  # [rows, topk] int32, all -1
+        table[: indices.shape[0]].copy_(indices)
+        if not self._oversized_logged:
+            self._oversized_logged = True
+            log.info(
+                "eager step of %d rows exceeds the %d rows reserved before capture: it runs on "
+                "temporary index, q-pad and counter buffers (allocated per step; captured buffers "
+                "untouched). Reserve more rows in make_metadata(max_rows) to avoid this.",
+                rows, self.capacity,
+            )
+        self._oversized = table
+        self.num_rows = indices.shape[0]
         self.num_planned_rows = rows
 
     def __repr__(self) -> str:

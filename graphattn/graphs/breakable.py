@@ -43,7 +43,8 @@ def eager_on_graph(fn: Callable | None = None, *, out: str | None = None) -> Cal
     not change between capture and replay; later segments read those tensors' addresses, so a
     replay copies each new result into them. ``out``: the name of a keyword through which
     ``fn`` writes into given tensors and returns them (``AttentionBackend.forward``'s
-    ``out``): replays then pass the captured outputs and nothing is copied. Use as
+    ``out``): replays then pass the captured outputs and nothing is copied (when they are
+    contiguous; a non-contiguous captured output is copied into, as without ``out``). Use as
     ``eager_on_graph(f)``, ``eager_on_graph(f, out="out")`` or ``@eager_on_graph(out="out")``.
     """
     if fn is None:
@@ -66,8 +67,11 @@ class _Break:
 
     def __init__(self, fn: Callable, args: tuple, kwargs: dict, out: Any, out_kwarg: str | None = None):
         self.fn, self.args, self.out = fn, args, out
-        self.kwargs = {**kwargs, out_kwarg: out} if out_kwarg else kwargs
         self.held, _ = tree_flatten(out)
+        # Only contiguous outputs can be handed back to write into (``forward(out=)`` requires
+        # it); a view such as a padding backend's ``out[:, :heads]`` is copied into instead.
+        direct = out_kwarg and all(t.is_contiguous() for t in self.held if isinstance(t, torch.Tensor))
+        self.kwargs = {**kwargs, out_kwarg: out} if direct else kwargs
 
     def run(self) -> None:
         """Re-run the function and copy its result into the output later segments read

@@ -6,6 +6,10 @@ a replay picks the smallest bucket that fits the live rows, copies the live inpu
 ``[:rows]``, fills ``[rows:bucket]`` with inert pad values (indices −1), replays and returns
 ``out[:rows]``. Rows above the largest bucket run the function eagerly.
 
+A metadata with ``extend_plan_(rows)`` (``GraphMetadata``) gets its planned step padded to the
+bucket before each capture and replay, so an engine plans ``backend.plan(metadata, indices)``
+with the live rows only and cannot forget the bucket's padding rows.
+
 The runner owns graphs, not buffers: buffers the function uses live in a
 :class:`~graphattn.common.metadata.GraphMetadata` (one per runner) that the first capture marks.
 """
@@ -37,6 +41,13 @@ class CapturedState(Protocol):
         ...
 
 
+def _extend_plan(metadata: Any) -> Callable[[int], None] | None:
+    """``metadata.extend_plan_`` (pads the planned step to a bucket's rows), or ``None`` for
+    metadata without one (duck-typed: this layer knows no attention class)."""
+    extend = getattr(metadata, "extend_plan_", None)
+    return extend if callable(extend) else None
+
+
 def default_buckets(max_rows: int) -> list[int]:
     """Serving-engine style buckets: 1, 2, 4, 8, then every 8 up to ``max_rows`` (included)."""
     if max_rows < 1:
@@ -59,7 +70,9 @@ class GraphRunner:
         pad_values: ``{name: value}`` written into padding rows ``[rows:bucket]`` (e.g. −1 for
             indices so padded rows attend to nothing). Missing names pad with 0.
         metadata: the runner's one metadata object (any :class:`CapturedState`, usually a
-            ``GraphMetadata``); marked captured by the first capture.
+            ``GraphMetadata``); marked captured by the first capture. If it has
+            ``extend_plan_(rows)``, each capture and replay first pads the planned step to
+            the bucket (inert index rows), so callers plan the live rows only.
         buckets: bucket sizes; default :func:`default_buckets` of ``max_rows``.
         mode: ``"full"`` (one graph per bucket, ``eager_on_graph`` captured inline) or
             ``"breakable"`` (``eager_on_graph`` functions become breaks).
@@ -100,6 +113,7 @@ class GraphRunner:
         if unknown:
             raise ValueError(f"pad_values names {sorted(unknown)} are not static inputs {sorted(self.static)}")
         self.metadata, self.mode = metadata, mode
+        self._extend_plan = _extend_plan(metadata)
         self.buckets = sorted(set(int(b) for b in (buckets or default_buckets(self.max_rows))))
         if self.buckets[0] < 1 or self.buckets[-1] > self.max_rows:
             raise ValueError(
@@ -155,6 +169,8 @@ class GraphRunner:
             self.platform, self.sanitize, self.pool, self.mode == "breakable", roots, device=self.device
         )
         inputs = self._inputs(bucket)
+        if self._extend_plan is not None:
+            self._extend_plan(bucket)  # capture on a plan of the bucket's rows (padding inert)
         graph.warmup(self.fn, **inputs)  # as engines do: first-call work happens outside
         self._synchronize()
         graph.capture(self.fn, **inputs)
@@ -223,7 +239,9 @@ class GraphRunner:
         """Run one step on ``live`` inputs ``{name: [rows, ...]}``; returns outputs ``[:rows]``.
 
         Graph outputs are views of captured memory: the next ``run`` overwrites them, so copy
-        what must outlive it. Rows above the largest bucket run ``fn`` eagerly.
+        what must outlive it. Rows above the largest bucket run ``fn`` eagerly (slices of the
+        captured buffers up to the metadata's reserved rows, temporaries beyond them). The
+        metadata's planned step is padded to the bucket first (see ``extend_plan_``).
         """
         rows = self._live_rows(live)
         self._check_live_devices(live)
@@ -241,6 +259,8 @@ class GraphRunner:
         if dirty > rows:
             self._pad(rows, min(bucket, dirty))
         self._dirty_rows = rows if dirty <= bucket else dirty
+        if self._extend_plan is not None:
+            self._extend_plan(bucket)  # the bucket's padding rows attend to nothing
         out = self.graphs[bucket].replay()
         if rows == bucket:
             return out
@@ -250,6 +270,12 @@ class GraphRunner:
             sliced = self._out_views[key] = tree_map(
                 lambda t: t.narrow(0, 0, rows) if isinstance(t, torch.Tensor) else t, out)
         return sliced
+
+    def pools(self) -> list[Any]:
+        """The pool handle of every captured segment of every bucket (all the same object when
+        the buckets share one pool, as they must: graph memory then does not grow with the
+        number of buckets)."""
+        return [seg.pool for graph in self.graphs.values() for seg in graph.segments]
 
     def check(self) -> None:
         """Sanitize every bucket's graph now (raises :class:`FreedCaptureBufferError`)."""

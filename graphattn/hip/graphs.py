@@ -21,7 +21,7 @@ from typing import Any
 
 from ..common.capture import is_capturing
 from ..common.errors import GraphSafetyError
-from ..common.platform import current_platform
+from ..common.platform import Platform, current_platform
 from ..graphs.emulated import EmulatedGraphSegment
 from ..graphs.sanitizer import StorageTracker
 from ..graphs.segments import StreamGraphSegment
@@ -41,12 +41,21 @@ class HipGraphSegment:
             CPU); a new one when ``None``.
         tracker: a :class:`StorageTracker` to record borrowed storages into, or ``None``
             (the emulator always records).
+
+    The platform whose rules apply is the class's ``platform`` (set by :meth:`for_platform`,
+    which ``HipPlatform.graph_segment_class()`` uses), else ``current_platform()``.
     """
 
     emulated = False  # decided per instance: see ``self.emulated``
+    platform: Platform | None = None
+
+    @classmethod
+    def for_platform(cls, platform: Platform) -> type:
+        """A subclass (same name) whose segments follow ``platform``, not ``current_platform()``."""
+        return type(cls.__name__, (cls,), {"platform": platform, "__module__": cls.__module__})
 
     def __init__(self, pool: Any = None, tracker: StorageTracker | None = None):
-        self._platform = current_platform()
+        self._platform = type(self).platform or current_platform()
         if self._platform.has_gpu:
             self._inner: Any = _HipStreamSegment(pool=pool, tracker=tracker)
         else:
@@ -61,7 +70,7 @@ class HipGraphSegment:
     @classmethod
     def warmup_scope(cls) -> Any:
         """Warm-up context: the very stream captures use (the hipBLASLt rule)."""
-        if current_platform().has_gpu:
+        if (cls.platform or current_platform()).has_gpu:
             return _HipStreamSegment.warmup_scope()
         return ExitStack()
 

@@ -38,9 +38,14 @@ class HipPlatform(Platform):
         return os.environ.get(HIP_ARCH_ENV, DEFAULT_ARCH)
 
     def graph_segment_class(self) -> type:
-        from .graphs import HipGraphSegment
+        """``HipGraphSegment`` bound to this platform object (one class per object), so a
+        backend or runner given this platform gets its rules without ``GRAPHATTN_PLATFORM``."""
+        cls = self.__dict__.get("_segment_class")
+        if cls is None:
+            from .graphs import HipGraphSegment
 
-        return HipGraphSegment
+            cls = self._segment_class = HipGraphSegment.for_platform(self)
+        return cls
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()

@@ -79,7 +79,7 @@ def _split_kernel(q, kv, topk):
 
 
 def _select(rows: int, heads: int, topk: int, aligned: bool,
-            kv_fp8: bool = False) -> tuple[Any, dict[str, Any], str]:
+            kv_fp8: bool = False, platform: Platform | None = None) -> tuple[Any, dict[str, Any], str]:
     """``(kernel, cfg, name)`` of the first launch: the platform's choice, or flashmla's
     heads-major Triton tiles (``flashmla_triton``) where it chose a kernel that needs 16-byte
     aligned rows and the inputs are not aligned.
@@ -94,10 +94,10 @@ def _select(rows: int, heads: int, topk: int, aligned: bool,
     ``kv_fp8`` (656-byte FP8 tokens): the Gluon kernel does not read them yet, so where the
     platform chose it the heads-major Triton tiles run (the tokens-major tile reads them).
     """
-    cfg = path_config(PATH, rows, heads, topk)
+    cfg = path_config(PATH, rows, heads, topk, platform)
     wgmma = cfg.get("kernel") == "wgmma"
     if (wgmma and kv_fp8) or ((wgmma or cfg.get("KV_MAJOR")) and not aligned):
-        return _flashmla_split_kernel, path_config(PATH + "_triton", rows, heads, topk), "triton"
+        return _flashmla_split_kernel, path_config(PATH + "_triton", rows, heads, topk, platform), "triton"
     if not wgmma:
         return _flashmla_split_kernel, cfg, "triton_kv_major" if cfg.get("KV_MAJOR") else "triton"
     from .wgmma import _flashmla_wgmma_kernel  # Gluon: imported only where the platform picks it
@@ -114,8 +114,8 @@ def kernel_name(q: torch.Tensor, kv: torch.Tensor, topk: int) -> str:
 @memoised
 def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, aligned: bool,
           kv_fp8: bool = False) -> LaunchPlan:
-    kernel, cfg, name = _select(rows, heads, topk, aligned, kv_fp8)
-    splits, split_len = split_layout(rows, heads, topk, cfg, ws_splits)
+    kernel, cfg, name = _select(rows, heads, topk, aligned, kv_fp8, platform)
+    splits, split_len = split_layout(rows, heads, topk, cfg, ws_splits, platform)
     meta, opts = launch_parts(cfg)
     if kernel is _flashmla_split_kernel:
         meta["DOT_F32"] = platform.uses_triton_interpreter
@@ -125,19 +125,19 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
                        DIRECT=splits == 1, **meta, **opts)
     combine = None
     if splits > 1:
-        cmeta, copts = launch_parts(path_config(PATH + "_combine", rows, heads, topk))
+        cmeta, copts = launch_parts(path_config(PATH + "_combine", rows, heads, topk, platform))
         combine = make_launch(_flashmla_combine_kernel, (rows * heads,),
                               BLOCK_S=max(2, triton.next_power_of_2(splits)), D_NOPE=D_V, **cmeta, **copts)
     return LaunchPlan(FLASHMLA, rows, heads, topk, splits, split_len, head_blocks, name, main, combine)
 
 
 def plan_flashmla(rows: int, heads: int, topk: int, ws_splits: int, aligned: bool = True,
-                  kv_fp8: bool = False) -> LaunchPlan:
+                  kv_fp8: bool = False, platform: Platform | None = None) -> LaunchPlan:
     """The memoised :class:`LaunchPlan` for ``q [rows, heads, 576]`` (heads padded) and
     ``indices [rows, topk]`` with a workspace of ``ws_splits`` splits per row; ``aligned``:
     q and kv rows are 16-byte aligned (:func:`aligned_16`); ``kv_fp8``: kv is 656-byte FP8
-    tokens (``[pool, 656]`` uint8)."""
-    return _plan(current_platform(), rows, heads, topk, ws_splits, aligned, kv_fp8)
+    tokens (``[pool, 656]`` uint8); ``platform``: whose launch table (default current)."""
+    return _plan(platform or current_platform(), rows, heads, topk, ws_splits, aligned, kv_fp8)
 
 
 def bind_flashmla(plan: LaunchPlan, indices, sm_scale: float, ws_out, ws_lse) -> Callable[..., Any]:

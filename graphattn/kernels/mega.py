@@ -47,7 +47,7 @@ def _mega_kernel(
 
 @memoised
 def _plan(platform: Platform, rows: int, heads: int, topk: int, kv_fp8: bool = False) -> LaunchPlan:
-    meta, opts = launch_parts(path_config(PATH, rows, heads, topk))
+    meta, opts = launch_parts(path_config(PATH, rows, heads, topk, platform))
     head_blocks = cdiv(heads, meta["BLOCK_H"])
     main = make_launch(_mega_kernel, (rows * head_blocks,), D_NOPE=D_V, D_ROPE=D_QK - D_V,
                        DOT_F32=platform.uses_triton_interpreter,
@@ -55,10 +55,11 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, kv_fp8: bool = F
     return LaunchPlan(MEGA, rows, heads, topk, 1, topk, head_blocks, "triton", main)
 
 
-def plan_mega(rows: int, heads: int, topk: int, kv_fp8: bool = False) -> LaunchPlan:
+def plan_mega(rows: int, heads: int, topk: int, kv_fp8: bool = False,
+              platform: Platform | None = None) -> LaunchPlan:
     """The memoised :class:`LaunchPlan` for ``q [rows, heads, 576]`` and ``indices [rows, topk]``
-    (``kv_fp8``: 656-byte FP8 kv tokens)."""
-    return _plan(current_platform(), rows, heads, topk, kv_fp8)
+    (``kv_fp8``: 656-byte FP8 kv tokens; ``platform``: whose launch table, default current)."""
+    return _plan(platform or current_platform(), rows, heads, topk, kv_fp8)
 
 
 def bind_mega(plan: LaunchPlan, indices, sm_scale: float) -> Callable[..., Any]:

@@ -1,11 +1,15 @@
 """Split-KV planning shared by the kernel launchers: how many splits, and the workspace bound.
 
-A launch config (from ``current_platform().kernel_config(path, rows=, heads=, topk=)``) is a
+A launch config (from ``platform.kernel_config(path, rows=, heads=, topk=)``) is a
 dict: upper-case keys are kernel constexprs (``BLOCK_H``, ``BLOCK_N``), lower-case keys are
 Triton launch options (``num_warps``, ``num_stages``, and on AMD ``waves_per_eu``,
 ``matrix_instr_nonkdim``, ``kpack``), and the host-only keys in :data:`HOST_KEYS` steer the
 split choice (and ``kernel`` names the function: ``"wgmma"`` for flashmla's Gluon kernel on
 sm_90, absent for the Triton kernels) and never reach Triton.
+
+Every function takes an optional ``platform`` (a backend passes its own, so a backend built
+with another platform object plans with that platform's launch table and compute units);
+``None`` means ``current_platform()``.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import torch
 
 from ..common.kv_layout import fp8_kernel_code
 from ..common.metadata import D_V
-from ..common.platform import current_platform
+from ..common.platform import Platform, current_platform
 
 PATHS = ("flashmla", "trtllm", "mega")
 # Host-side planning keys of a config: never passed to Triton.
@@ -67,13 +71,13 @@ def launch_parts(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return meta, opts
 
 
-def path_config(path: str, rows: int, heads: int, topk: int) -> dict[str, Any]:
+def path_config(path: str, rows: int, heads: int, topk: int, platform: Platform | None = None) -> dict[str, Any]:
     """The platform's launch config for ``path`` (checked for the keys the launchers need).
 
     The Triton attention kernels get :data:`LOOP_DEFAULTS` for the KV-loop constexprs the
     config leaves out (the Gluon kernel has no such constexprs).
     """
-    cfg = current_platform().kernel_config(path, rows=rows, heads=heads, topk=topk)
+    cfg = (platform or current_platform()).kernel_config(path, rows=rows, heads=heads, topk=topk)
     if path.endswith("combine"):
         assert "num_warps" in cfg, f"kernel_config({path!r}) lacks num_warps: {cfg}"
         return cfg
@@ -89,11 +93,11 @@ def kv_fp8_constexpr(platform: Any, kv_fp8: bool) -> int:
     return fp8_kernel_code(platform.fp8_dtype) if kv_fp8 else 0
 
 
-def _target_programs(cfg: dict[str, Any]) -> int:
-    return cfg.get("target_programs") or current_platform().num_compute_units()
+def _target_programs(cfg: dict[str, Any], platform: Platform | None) -> int:
+    return cfg.get("target_programs") or (platform or current_platform()).num_compute_units()
 
 
-def choose_splits(rows: int, heads: int, topk: int, cfg: dict[str, Any]) -> int:
+def choose_splits(rows: int, heads: int, topk: int, cfg: dict[str, Any], platform: Platform | None = None) -> int:
     """Split count for a launch: enough programs to fill the device, bounded by the config.
 
     Each split covers at least ``min_split_blocks`` KV blocks of ``BLOCK_N`` so that writing a
@@ -109,7 +113,7 @@ def choose_splits(rows: int, heads: int, topk: int, cfg: dict[str, Any]) -> int:
     blocks = cdiv(max(topk, 1), cfg["BLOCK_N"])
     cap = max(1, min(cfg.get("max_splits", 1), blocks // max(1, cfg.get("min_split_blocks", 1))))
     programs = max(1, rows * cdiv(heads, cfg["BLOCK_H"]))  # rows = 0 launches nothing
-    target = _target_programs(cfg)
+    target = _target_programs(cfg, platform)
     most = max(1, min(cap, cdiv(target, programs)))
     if "split_cost_blocks" not in cfg:
         return most
@@ -117,14 +121,15 @@ def choose_splits(rows: int, heads: int, topk: int, cfg: dict[str, Any]) -> int:
                key=lambda s: cdiv(programs * s, target) * (cdiv(blocks, s) + cfg["split_cost_blocks"]))
 
 
-def split_plan(path: str, num_heads: int, topk: int) -> SplitPlan:
+def split_plan(path: str, num_heads: int, topk: int, platform: Platform | None = None) -> SplitPlan:
     """The maximum workspace and counter ``path`` may use for ``num_heads`` and ``topk``.
 
     Args:
         path: ``"flashmla"``, ``"trtllm"`` or ``"mega"``.
         num_heads: heads the kernel sees (for flashmla the padded count, a multiple of
-            ``current_platform().head_pad_multiple``).
+            ``platform.head_pad_multiple``).
         topk: indices per row.
+        platform: whose launch table and compute units (default ``current_platform()``).
 
     Returns:
         :class:`SplitPlan`; pass ``GraphMetadata(..., **plan.metadata_kwargs())``. At call time
@@ -138,31 +143,33 @@ def split_plan(path: str, num_heads: int, topk: int) -> SplitPlan:
         return SplitPlan(0, 0, 0, 0)
     most_splits, partials, rows = 1, 0, 1
     while True:
-        cfg = path_config(path, rows, num_heads, topk)
-        splits = choose_splits(rows, num_heads, topk, cfg)
+        cfg = path_config(path, rows, num_heads, topk, platform)
+        splits = choose_splits(rows, num_heads, topk, cfg, platform)
         # Not always at 1 row: the tile (and so the split granularity) may change with rows.
         most_splits = max(most_splits, splits)
         if splits > 1:
             partials = max(partials, rows * splits)
         # Past ``target_programs`` rows every head block of every row is already a program:
         # one split from here on (the target never grows with rows), so no workspace is used.
-        if rows >= _target_programs(cfg):
+        if rows >= _target_programs(cfg, platform):
             break
         rows += 1
     counter_cols = cdiv(num_heads, MIN_BLOCK_H) if path == "trtllm" else 0
     return SplitPlan(most_splits, counter_cols, num_heads, partials)
 
 
-def usable_splits(rows: int, heads: int, topk: int, cfg: dict[str, Any], ws_splits: int) -> int:
+def usable_splits(rows: int, heads: int, topk: int, cfg: dict[str, Any], ws_splits: int,
+                  platform: Platform | None = None) -> int:
     """Splits a launch uses: :func:`choose_splits`, at most the ``ws_splits`` the workspace
     holds per row, at least 1 (one split writes ``out`` directly and needs no workspace)."""
-    return max(1, min(choose_splits(rows, heads, topk, cfg), ws_splits))
+    return max(1, min(choose_splits(rows, heads, topk, cfg, platform), ws_splits))
 
 
-def split_layout(rows: int, heads: int, topk: int, cfg: dict[str, Any], ws_splits: int) -> tuple[int, int]:
+def split_layout(rows: int, heads: int, topk: int, cfg: dict[str, Any], ws_splits: int,
+                 platform: Platform | None = None) -> tuple[int, int]:
     """``(splits, split_len)`` of a launch: :func:`usable_splits`, with ``split_len`` a multiple
     of ``BLOCK_N``. Rounding it up can leave trailing splits empty; they are dropped, so every
     launched split has work (trtllm's last arrival waits for exactly ``splits`` programs)."""
-    splits = usable_splits(rows, heads, topk, cfg, ws_splits)
+    splits = usable_splits(rows, heads, topk, cfg, ws_splits, platform)
     split_len = cdiv(cdiv(topk, splits), cfg["BLOCK_N"]) * cfg["BLOCK_N"]
     return cdiv(topk, split_len), split_len

@@ -65,10 +65,10 @@ def _trtllm_kernel(
 
 @memoised
 def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, kv_fp8: bool = False) -> LaunchPlan:
-    cfg = path_config(PATH, rows, heads, topk)
+    cfg = path_config(PATH, rows, heads, topk, platform)
     # Only non-empty splits are launched, so the arrival count the kernel waits for is exactly
     # the number of programs per counter.
-    splits, split_len = split_layout(rows, heads, topk, cfg, ws_splits)
+    splits, split_len = split_layout(rows, heads, topk, cfg, ws_splits, platform)
     meta, opts = launch_parts(cfg)
     head_blocks = cdiv(heads, meta["BLOCK_H"])
     main = make_launch(_trtllm_kernel, (rows * splits * head_blocks,), D_NOPE=D_V, D_ROPE=D_QK - D_V,
@@ -77,10 +77,12 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
     return LaunchPlan(TRTLLM, rows, heads, topk, splits, split_len, head_blocks, "triton", main)
 
 
-def plan_trtllm(rows: int, heads: int, topk: int, ws_splits: int, kv_fp8: bool = False) -> LaunchPlan:
+def plan_trtllm(rows: int, heads: int, topk: int, ws_splits: int, kv_fp8: bool = False,
+                platform: Platform | None = None) -> LaunchPlan:
     """The memoised :class:`LaunchPlan` for ``q [rows, heads, 576]`` and ``indices [rows, topk]``
-    with a workspace of ``ws_splits`` splits per row (``kv_fp8``: 656-byte FP8 kv tokens)."""
-    return _plan(current_platform(), rows, heads, topk, ws_splits, kv_fp8)
+    with a workspace of ``ws_splits`` splits per row (``kv_fp8``: 656-byte FP8 kv tokens;
+    ``platform``: whose launch table, default current)."""
+    return _plan(platform or current_platform(), rows, heads, topk, ws_splits, kv_fp8)
 
 
 def bind_trtllm(plan: LaunchPlan, indices, sm_scale: float, counter, ws_out, ws_lse) -> Callable[..., Any]:

@@ -34,16 +34,16 @@ def run_graph_case(ctx: CaseContext, sanitize: bool = True) -> None:
         step, {"q": static_q}, {"q": 0.0}, metadata=metadata,
         buckets=list(ctx.shape.buckets), mode=ctx.mode, sanitize=sanitize,
     )
-    backend.plan(metadata, ctx.indices(max_bucket), pad_to=max_bucket)
+    backend.plan(metadata, ctx.indices(max_bucket))
     runner.capture()
     assert metadata.captured, f"{ctx.label}: GraphRunner.capture() did not mark the metadata"
+    check_shared_pool(runner, ctx.label)
     held = _held_tensor_sizes(backend, metadata)
     addresses = _buffer_addresses(metadata)
     for i, rows in enumerate(spec.steps):
         q = ctx.query(rows)
         indices = ctx.indices(rows)
-        bucket = runner.bucket_for(rows) if rows <= max_bucket else None
-        backend.plan(metadata, indices, pad_to=bucket)  # host side, outside the graph
+        backend.plan(metadata, indices)  # host side, outside the graph; the runner pads it
         platform.empty_cache()  # hand freed blocks back, so a stale address gets reused
         victims = [torch.full((n,), SENTINEL, dtype=torch.uint8, device=platform.device) for n in held]
         out, lse = runner.run(q=q)
@@ -52,6 +52,17 @@ def run_graph_case(ctx: CaseContext, sanitize: bool = True) -> None:
         _check_victims(ctx, i, victims)
         check_counter_clean(ctx, metadata, i)
         _check_not_moved(ctx, i, metadata, addresses)
+
+
+def check_shared_pool(runner: GraphRunner, label: str) -> None:
+    """Assert every captured segment of every bucket shares one memory pool: a runner that gives
+    each bucket its own pool works, but its graph memory grows with the number of buckets."""
+    pools = runner.pools()
+    distinct = [p for i, p in enumerate(pools) if all(p is not q for q in pools[:i])]
+    assert len(distinct) == 1, (
+        f"{label}: {len(runner.graphs)} bucket graphs captured into {len(distinct)} memory pools "
+        f"(expected one shared pool: pass the first graph's pool to every later capture)"
+    )
 
 
 def _held_tensor_sizes(backend, metadata: GraphMetadata) -> list[int]:
