@@ -33,6 +33,13 @@ from ..common.kv_layout import (
 )
 from ..common.metadata import D_QK, D_V, GraphMetadata
 from ..common.platform import Platform, current_platform
+from ..common.validation import (
+    check_index_range,
+    check_indices_default,
+    check_int,
+    check_sm_scale,
+    is_int,
+)
 
 
 class GraphSupport(enum.IntEnum):
@@ -83,6 +90,7 @@ class AttentionBackend:
             ``head_pad_multiple`` (the q-pad rule applies).
         uses_counter: the kernel uses the multi-CTA counter (the counter rule applies).
         uses_workspace: the kernel writes split-KV partials to the metadata workspace.
+        unit_stride_only: q and kv need a contiguous last dim (kernels index it with stride 1).
         uses_triton: the kernel is a Triton kernel (on a machine without a GPU it runs under the
             Triton interpreter: correct but slow, for small shapes only).
         platforms: platform names (``cpu``, ``cuda``, ``hip``) it runs on.
@@ -99,6 +107,7 @@ class AttentionBackend:
     uses_counter: ClassVar[bool] = False
     uses_workspace: ClassVar[bool] = False
     uses_triton: ClassVar[bool] = False
+    unit_stride_only: ClassVar[bool] = False
     platforms: ClassVar[tuple[str, ...]] = ("cpu", "cuda", "hip")
     graph_support: ClassVar[GraphSupport] = GraphSupport.FULL
     description: ClassVar[str] = ""
@@ -123,6 +132,16 @@ class AttentionBackend:
             kv_dtype: the KV-cache layout, ``"auto"`` (``[pool, 576]`` in ``dtype``) or ``"fp8"``
                 (``[pool, 656]`` uint8 FP8 tokens, :mod:`graphattn.common.kv_layout`).
         """
+        who = f"attention backend '{self.name}'"
+        for arg, value in (("num_heads", num_heads), ("topk", topk)):
+            if not is_int(value):
+                raise TypeError(f"{who}: {arg} must be an int, got {value!r} ({type(value).__name__})")
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"{who}: dtype must be a torch.dtype (e.g. torch.bfloat16), got {dtype!r}")
+        if platform is not None and not isinstance(platform, Platform):
+            raise TypeError(f"{who}: platform must be a graphattn Platform or None, got {platform!r}; "
+                            "use graphattn.common.current_platform() or leave it out")
+        sm_scale = D_QK**-0.5 if sm_scale is None else check_sm_scale(who, sm_scale)
         self.platform = platform or current_platform()
         kv_dtype = kv_dtype_name(kv_dtype)
         reasons = self.refusal_reasons(num_heads, dtype, topk, self.platform, **kv_kwargs(kv_dtype))
@@ -133,7 +152,9 @@ class AttentionBackend:
             )
         self.num_heads, self.topk, self.dtype = int(num_heads), int(topk), dtype
         self.kv_dtype = kv_dtype
-        self.sm_scale = float(sm_scale) if sm_scale is not None else D_QK**-0.5
+        self.sm_scale = sm_scale
+        # What check_metadata compares (host attributes only, so the check stays cheap).
+        self._metadata_config = (self.num_heads, self.topk, self.dtype, self.padded_heads)
 
     # -- capabilities --------------------------------------------------------------------------
     @classmethod
@@ -235,24 +256,65 @@ class AttentionBackend:
         Every bucket's graph and every eager call up to ``max_rows`` then uses slices of these
         buffers; none is ever replaced.
         """
+        check_int(f"{self.name}.make_metadata", "max_rows", max_rows, 1)
         return GraphMetadata(
             max_rows, self.num_heads, self.topk, self.dtype, self.device,
             padded_heads=self.padded_heads,
         )
 
-    def plan(self, metadata: GraphMetadata, indices: torch.Tensor, pad_to: int | None = None) -> None:
+    def plan(
+        self, metadata: GraphMetadata, indices: torch.Tensor, pad_to: int | None = None,
+        check_indices: bool | None = None, pool_tokens: int | None = None,
+    ) -> None:
         """Host-side setup for one step. **Not capturable**: call it outside any graph.
 
         Writes ``indices [rows, topk]`` int32 (-1 = skip) into ``metadata``'s persistent index
         table in place; rows ``rows:pad_to`` become -1 (the inert padding rows of a graph bucket).
+        ``forward`` then accepts up to ``max(rows, pad_to)`` q rows.
+
+        ``check_indices``: validate the indices (default: ``GRAPHATTN_CHECK_INDICES``, read at
+        import). Out-of-range indices are skipped by contract; this finds the engine bug behind
+        them: values below -1 now, values at or past the pool now when ``pool_tokens`` is given,
+        else at the next eager ``forward`` (which knows the pool). It synchronises: debug only.
 
         Raises:
-            ValueError: wrong shape or dtype.
+            TypeError: indices not a tensor, metadata not a ``GraphMetadata``, ``pad_to`` not an int.
+            ValueError: wrong dtype or shape, ``pad_to`` < rows, metadata of another backend.
+            IndexError: (``check_indices``) the first bad row and value.
             CapturedBufferGrowthError: more rows than a captured metadata holds.
         """
-        if indices.dtype != torch.int32:
-            raise ValueError(f"plan: indices must be int32, got {indices.dtype}")
+        self.check_plan(metadata, indices, pad_to)
         metadata.refresh_(indices, pad_to=pad_to)
+        if check_indices is None:
+            check_indices = check_indices_default()
+        if check_indices:
+            who = f"{self.name}.plan"
+            if pool_tokens is None:
+                check_index_range(who, indices, None)
+                metadata.require_index_check()
+            else:
+                check_index_range(who, indices, check_int(who, "pool_tokens", pool_tokens, 1))
+
+    def check_plan(self, metadata: GraphMetadata, indices: torch.Tensor, pad_to: int | None) -> None:
+        """Everything :meth:`plan` checks before writing (host side)."""
+        who = f"{self.name}.plan"
+        if not isinstance(metadata, GraphMetadata):
+            raise TypeError(f"{who}: metadata must be a GraphMetadata, got {type(metadata).__name__}; "
+                            "use backend.make_metadata(max_rows)")
+        if not isinstance(indices, torch.Tensor):
+            raise TypeError(f"{who}: indices must be an int32 tensor [rows, topk], got "
+                            f"{type(indices).__name__}; use torch.as_tensor(indices, dtype=torch.int32)")
+        if indices.dtype != torch.int32:  # ValueError, as plan() has always raised here
+            raise ValueError(f"{who}: indices must be int32, got {indices.dtype}; use indices.to(torch.int32)")
+        if indices.dim() != 2 or indices.shape[1] != metadata.topk:
+            raise ValueError(f"{who}: indices must be [rows, topk={metadata.topk}], got "
+                             f"{tuple(indices.shape)}")
+        if indices.device.type == "meta":
+            raise ValueError(f"{who}: indices are on the meta device (no data); pass real indices "
+                             f"on {metadata.device}")
+        if pad_to is not None:
+            check_int(who, "pad_to", pad_to, indices.shape[0])
+        self.check_metadata(metadata)
 
     def forward(
         self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata,
@@ -291,6 +353,57 @@ class AttentionBackend:
                 f"lse [{rows}, {self.num_heads}] float32), contiguous, on {q.device}; got {got}"
             )
 
+    def check_metadata(self, metadata: GraphMetadata) -> None:
+        """Refuse metadata made for another configuration (cheap: Python attributes only)."""
+        try:
+            got = (metadata.num_heads, metadata.topk, metadata.dtype, metadata.padded_heads)
+        except AttributeError:
+            raise TypeError(f"{self.name}: metadata must be a GraphMetadata, got "
+                            f"{type(metadata).__name__}; use backend.make_metadata(max_rows)") from None
+        want = self._metadata_config
+        if got != want:
+            raise ValueError(
+                f"{self.name}: metadata was made for (num_heads, topk, dtype, padded_heads)="
+                f"{got}, this backend needs {want}. Fix: use backend.make_metadata(max_rows)."
+            )
+        if self.uses_counter and metadata.counter is None:
+            raise ValueError(f"{self.name}: metadata has no multi-CTA counter; use make_metadata")
+        if self.uses_workspace and metadata.workspace_out is None:
+            raise ValueError(f"{self.name}: metadata has no split-KV workspace; use make_metadata")
+
+    def check_call(self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata) -> None:
+        """Everything ``forward`` checks before it computes (Python attributes only, so it costs
+        about a microsecond and is free inside a capture): shapes and dtypes, one device,
+        matching metadata, and no more q rows than ``plan()`` wrote."""
+        try:
+            self.check_inputs(q, kv)
+        except AttributeError:  # zero cost unless raised: no isinstance on the hot path
+            raise TypeError(f"{self.name}: q and kv must be tensors, got {type(q).__name__} and "
+                            f"{type(kv).__name__}") from None
+        if self.unit_stride_only and (q.stride(-1) != 1 or kv.stride(-1) != 1):
+            raise ValueError(
+                f"{self.name}: q and kv need a contiguous last dim (stride 1), got q strides "
+                f"{q.stride()}, kv strides {kv.stride()}; pass .contiguous()"
+            )
+        self.check_metadata(metadata)
+        if kv.device != q.device or metadata.indices.tensor.device != q.device:
+            self._device_error(q, kv, metadata)
+        if q.shape[0] > metadata.checked_rows:  # the slow path: unplanned rows, pending checks
+            metadata.check_forward(q.shape[0], kv.shape[0], self.name)
+
+    def _device_error(self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata) -> None:
+        if "meta" in (q.device.type, kv.device.type):
+            raise ValueError(
+                f"{self.name}: q is on {q.device} and kv on {kv.device}: meta tensors hold no data "
+                f"to attend over. Pass real tensors on {metadata.device} (under torch.compile, "
+                f"fake tensors are handled by the kernels' fake implementations)"
+            )
+        raise ValueError(
+            f"{self.name}: q is on {q.device}, kv on {kv.device}, metadata on "
+            f"{metadata.indices.tensor.device}; "
+            f"put them on one device (the backend's is {self.device})"
+        )
+
     def check_inputs(self, q: torch.Tensor, kv: torch.Tensor) -> None:
         """Raise ``ValueError`` unless ``q [rows, num_heads, 576]`` has this backend's dtype and
         kv its layout: ``[pool, 576]`` in that dtype, or ``[pool, 656]`` uint8 with
@@ -307,6 +420,9 @@ class AttentionBackend:
                 f"{self.name}: expected kv [pool, {width}] {kv_dt} (kv_dtype={self.kv_dtype}), got "
                 f"{tuple(kv.shape)} {kv.dtype}; the backend was made for kv_dtype={self.kv_dtype!r}"
             )
+        if kv.shape[0] < 1:
+            raise ValueError(f"{self.name}: kv is an empty pool {tuple(kv.shape)}: expected at least "
+                             "one token; pass the KV cache the indices point into")
         if self.kv_fp8:
             check_fp8_kv(self.name, kv)
 

@@ -34,7 +34,7 @@ def run_graph_case(ctx: CaseContext, sanitize: bool = True) -> None:
         step, {"q": static_q}, {"q": 0.0}, metadata=metadata,
         buckets=list(ctx.shape.buckets), mode=ctx.mode, sanitize=sanitize,
     )
-    backend.plan(metadata, ctx.indices(max_bucket), pad_to=max_bucket)
+    ctx.plan(metadata, ctx.indices(max_bucket), pad_to=max_bucket)
     runner.capture()
     assert metadata.captured, f"{ctx.label}: GraphRunner.capture() did not mark the metadata"
     held = _held_tensor_sizes(backend, metadata)
@@ -43,7 +43,7 @@ def run_graph_case(ctx: CaseContext, sanitize: bool = True) -> None:
         q = ctx.query(rows)
         indices = ctx.indices(rows)
         bucket = runner.bucket_for(rows) if rows <= max_bucket else None
-        backend.plan(metadata, indices, pad_to=bucket)  # host side, outside the graph
+        ctx.plan(metadata, indices, pad_to=bucket)  # host side, outside the graph
         platform.empty_cache()  # hand freed blocks back, so a stale address gets reused
         victims = [torch.full((n,), SENTINEL, dtype=torch.uint8, device=platform.device) for n in held]
         out, lse = runner.run(q=q)
