@@ -15,6 +15,7 @@ import torch
 
 from ..common.capture import is_capturing
 from ..common.metadata import GraphMetadata
+from ..common.validation import check_int
 from ..kernels.launch import KernelSpec, LaunchPlan, aligned_16, direct_launch_allowed
 from ..kernels.plan import split_plan
 from .base import AttentionBackend
@@ -60,6 +61,7 @@ class TritonBackend(AttentionBackend):
 
         Host side, not capturable; see :meth:`AttentionBackend.make_metadata`.
         """
+        check_int(f"{self.name}.make_metadata", "max_rows", max_rows, 1)
         plan = split_plan(self.kernel_spec.name, self._kernel_heads, self.topk)
         return GraphMetadata(
             max_rows, self.num_heads, self.topk, self.dtype, self.device,

@@ -121,6 +121,9 @@ class BreakableGraph:
         breaks: bool = True,
         name_roots: Iterable[tuple[str, Any]] = (),
     ):
+        if platform is not None and not isinstance(platform, Platform):
+            raise TypeError(f"BreakableGraph: platform must be a graphattn Platform or None, got "
+                            f"{platform!r}; use graphattn.common.current_platform() or leave it out")
         self.platform = platform or current_platform()
         self.segment_class = self.platform.graph_segment_class()
         self.sanitize = sanitize_enabled(sanitize)
@@ -153,12 +156,16 @@ class BreakableGraph:
     # -- capture ------------------------------------------------------------------------
     def warmup(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         """Run ``fn`` eagerly on the stream captures use (HIP: hipBLASLt handles are per stream)."""
+        if not callable(fn):
+            raise TypeError(f"BreakableGraph.warmup: fn must be callable, got {type(fn).__name__}")
         with self.segment_class.warmup_scope():
             out = fn(*args, **kwargs)
         return out
 
     def capture(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         """Capture ``fn(*args, **kwargs)`` once; returns its outputs (replays overwrite them)."""
+        if not callable(fn):
+            raise TypeError(f"BreakableGraph.capture: fn must be callable, got {type(fn).__name__}")
         if self.captured:
             raise RuntimeError("this BreakableGraph is already captured; make a new one")
         if getattr(_active, "graph", None) is not None:

@@ -126,6 +126,8 @@ class GraphRunner:
             raise ValueError(
                 f"buckets must lie in [1, {self.max_rows}] (the static inputs' rows); got {self.buckets}"
             )
+        if platform is not None and not isinstance(platform, Platform):
+            raise TypeError(f"GraphRunner: platform must be a graphattn Platform or None, got {platform!r}")
         self.sanitize = sanitize_enabled(sanitize)
         self.platform = platform or current_platform()
         self.progress, self.log_every = progress, max(1, int(log_every))
