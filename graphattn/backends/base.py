@@ -22,24 +22,11 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..common.kv_layout import (
-    KV_AUTO,
-    KV_FP8,
-    TOKEN_BYTES,
-    check_fp8_kv,
-    dequantize_kv,
-    describe_kv_dtype,
-    kv_dtype_name,
-)
+from ..common.kv_layout import KV_AUTO, KV_FP8, dequantize_kv, describe_kv_dtype, kv_dtype_name
 from ..common.metadata import D_QK, D_V, GraphMetadata
 from ..common.platform import Platform, current_platform
-from ..common.validation import (
-    check_index_range,
-    check_indices_default,
-    check_int,
-    check_sm_scale,
-    is_int,
-)
+from ..common.validation import check_index_range, check_indices_default, check_int, check_sm_scale, is_int
+from ._checks import BackendChecks
 
 
 class GraphSupport(enum.IntEnum):
@@ -67,7 +54,7 @@ def _round_up(x: int, multiple: int) -> int:
     return -(-x // multiple) * multiple
 
 
-class AttentionBackend:
+class AttentionBackend(BackendChecks):
     """Base class of every sparse MLA attention backend.
 
     Computation (DeepSeek sparse MLA, one shared latent KV head, ``d_qk = 576``, ``d_v = 512``):
@@ -295,27 +282,6 @@ class AttentionBackend:
             else:
                 check_index_range(who, indices, check_int(who, "pool_tokens", pool_tokens, 1))
 
-    def check_plan(self, metadata: GraphMetadata, indices: torch.Tensor, pad_to: int | None) -> None:
-        """Everything :meth:`plan` checks before writing (host side)."""
-        who = f"{self.name}.plan"
-        if not isinstance(metadata, GraphMetadata):
-            raise TypeError(f"{who}: metadata must be a GraphMetadata, got {type(metadata).__name__}; "
-                            "use backend.make_metadata(max_rows)")
-        if not isinstance(indices, torch.Tensor):
-            raise TypeError(f"{who}: indices must be an int32 tensor [rows, topk], got "
-                            f"{type(indices).__name__}; use torch.as_tensor(indices, dtype=torch.int32)")
-        if indices.dtype != torch.int32:  # ValueError, as plan() has always raised here
-            raise ValueError(f"{who}: indices must be int32, got {indices.dtype}; use indices.to(torch.int32)")
-        if indices.dim() != 2 or indices.shape[1] != metadata.topk:
-            raise ValueError(f"{who}: indices must be [rows, topk={metadata.topk}], got "
-                             f"{tuple(indices.shape)}")
-        if indices.device.type == "meta":
-            raise ValueError(f"{who}: indices are on the meta device (no data); pass real indices "
-                             f"on {metadata.device}")
-        if pad_to is not None:
-            check_int(who, "pad_to", pad_to, indices.shape[0])
-        self.check_metadata(metadata)
-
     def forward(
         self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata,
         out: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -332,99 +298,6 @@ class AttentionBackend:
         (:func:`accepts_out`).
         """
         raise NotImplementedError
-
-    def check_out(self, q: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor]) -> None:
-        """Raise ``ValueError`` unless ``out`` is a contiguous ``(out [rows, num_heads, 512]``
-        in q's dtype, ``lse [rows, num_heads]`` float32) pair on q's device."""
-        rows = q.shape[0]
-        try:
-            o, lse = out
-            ok = (tuple(o.shape) == (rows, self.num_heads, D_V) and o.dtype == q.dtype
-                  and tuple(lse.shape) == (rows, self.num_heads) and lse.dtype == torch.float32
-                  and o.is_contiguous() and lse.is_contiguous()
-                  and o.device == q.device and lse.device == q.device)
-        except (TypeError, ValueError, AttributeError):
-            ok = False
-        if not ok:
-            got = [(tuple(t.shape), t.dtype, str(t.device)) if isinstance(t, torch.Tensor) else type(t).__name__
-                   for t in (out if isinstance(out, (tuple, list)) else [out])]
-            raise ValueError(
-                f"{self.name}: out must be (out [{rows}, {self.num_heads}, {D_V}] {q.dtype}, "
-                f"lse [{rows}, {self.num_heads}] float32), contiguous, on {q.device}; got {got}"
-            )
-
-    def check_metadata(self, metadata: GraphMetadata) -> None:
-        """Refuse metadata made for another configuration (cheap: Python attributes only)."""
-        try:
-            got = (metadata.num_heads, metadata.topk, metadata.dtype, metadata.padded_heads)
-        except AttributeError:
-            raise TypeError(f"{self.name}: metadata must be a GraphMetadata, got "
-                            f"{type(metadata).__name__}; use backend.make_metadata(max_rows)") from None
-        want = self._metadata_config
-        if got != want:
-            raise ValueError(
-                f"{self.name}: metadata was made for (num_heads, topk, dtype, padded_heads)="
-                f"{got}, this backend needs {want}. Fix: use backend.make_metadata(max_rows)."
-            )
-        if self.uses_counter and metadata.counter is None:
-            raise ValueError(f"{self.name}: metadata has no multi-CTA counter; use make_metadata")
-        if self.uses_workspace and metadata.workspace_out is None:
-            raise ValueError(f"{self.name}: metadata has no split-KV workspace; use make_metadata")
-
-    def check_call(self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata) -> None:
-        """Everything ``forward`` checks before it computes (Python attributes only, so it costs
-        about a microsecond and is free inside a capture): shapes and dtypes, one device,
-        matching metadata, and no more q rows than ``plan()`` wrote."""
-        try:
-            self.check_inputs(q, kv)
-        except AttributeError:  # zero cost unless raised: no isinstance on the hot path
-            raise TypeError(f"{self.name}: q and kv must be tensors, got {type(q).__name__} and "
-                            f"{type(kv).__name__}") from None
-        if self.unit_stride_only and (q.stride(-1) != 1 or kv.stride(-1) != 1):
-            raise ValueError(
-                f"{self.name}: q and kv need a contiguous last dim (stride 1), got q strides "
-                f"{q.stride()}, kv strides {kv.stride()}; pass .contiguous()"
-            )
-        self.check_metadata(metadata)
-        if kv.device != q.device or metadata.indices.tensor.device != q.device:
-            self._device_error(q, kv, metadata)
-        if q.shape[0] > metadata.checked_rows:  # the slow path: unplanned rows, pending checks
-            metadata.check_forward(q.shape[0], kv.shape[0], self.name)
-
-    def _device_error(self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata) -> None:
-        if "meta" in (q.device.type, kv.device.type):
-            raise ValueError(
-                f"{self.name}: q is on {q.device} and kv on {kv.device}: meta tensors hold no data "
-                f"to attend over. Pass real tensors on {metadata.device} (under torch.compile, "
-                f"fake tensors are handled by the kernels' fake implementations)"
-            )
-        raise ValueError(
-            f"{self.name}: q is on {q.device}, kv on {kv.device}, metadata on "
-            f"{metadata.indices.tensor.device}; "
-            f"put them on one device (the backend's is {self.device})"
-        )
-
-    def check_inputs(self, q: torch.Tensor, kv: torch.Tensor) -> None:
-        """Raise ``ValueError`` unless ``q [rows, num_heads, 576]`` has this backend's dtype and
-        kv its layout: ``[pool, 576]`` in that dtype, or ``[pool, 656]`` uint8 with
-        ``kv_dtype="fp8"``. Reads only Python attributes, so it is free inside a capture."""
-        expected = (self.num_heads, D_QK)
-        if q.dim() != 3 or tuple(q.shape[1:]) != expected or q.dtype != self.dtype:
-            raise ValueError(
-                f"{self.name}: expected q [rows, {expected[0]}, {expected[1]}] {self.dtype}, "
-                f"got {tuple(q.shape)} {q.dtype}"
-            )
-        width, kv_dt = (TOKEN_BYTES, torch.uint8) if self.kv_fp8 else (D_QK, self.dtype)
-        if kv.dim() != 2 or kv.shape[1] != width or kv.dtype != kv_dt:
-            raise ValueError(
-                f"{self.name}: expected kv [pool, {width}] {kv_dt} (kv_dtype={self.kv_dtype}), got "
-                f"{tuple(kv.shape)} {kv.dtype}; the backend was made for kv_dtype={self.kv_dtype!r}"
-            )
-        if kv.shape[0] < 1:
-            raise ValueError(f"{self.name}: kv is an empty pool {tuple(kv.shape)}: expected at least "
-                             "one token; pass the KV cache the indices point into")
-        if self.kv_fp8:
-            check_fp8_kv(self.name, kv)
 
     @property
     def kv_fp8(self) -> bool:
