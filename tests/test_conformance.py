@@ -104,7 +104,8 @@ def test_plugin_rejects_unknown_backend():
 @pytest.mark.parametrize("shape", list(SHAPES.values()), ids=lambda s: s.name)
 def test_shape_sets_exercise_what_they_claim(shape):
     specs = {s.name: s for s in shape.specs}
-    assert list(specs) == ["one_row", "decode", "prefill_chunk", "ragged", "duplicates"]
+    assert list(specs) == ["one_row", "decode", "prefill_chunk", "ragged", "duplicates",
+                           "nan_unselected_kv", "nan_q"]
     top = max(shape.buckets)
     assert specs["prefill_chunk"].max_rows > top, "the prefill chunk must miss every bucket"
     steps = specs["decode"].steps

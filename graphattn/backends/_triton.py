@@ -16,6 +16,7 @@ import torch
 from ..common.capture import is_capturing
 from ..common.metadata import GraphMetadata
 from ..common.platform import current_gpu_index
+from ..common.validation import check_int
 from ..kernels.launch import KernelSpec, LaunchPlan, aligned_16, direct_launch_allowed
 from ..kernels.plan import split_plan
 from .base import AttentionBackend
@@ -35,6 +36,7 @@ class TritonBackend(AttentionBackend):
     """
 
     uses_triton = True
+    unit_stride_only = True
     kernel_spec: ClassVar[KernelSpec]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -51,7 +53,6 @@ class TritonBackend(AttentionBackend):
         self._op = self.kernel_spec.op
         self._kernel_heads = self.padded_heads or self.num_heads
         self._pads = self.padded_heads is not None
-        self._metadata_config = (self.num_heads, self.topk, self.dtype, self.padded_heads)
         self._bind = getattr(self._module, f"bind_{self.kernel_spec.name}")
         self._plans: dict[tuple[int, bool, int], LaunchPlan] = {}
 
@@ -61,16 +62,20 @@ class TritonBackend(AttentionBackend):
 
         Host side, not capturable; see :meth:`AttentionBackend.make_metadata`.
         """
+        check_int(f"{self.name}.make_metadata", "max_rows", max_rows, 1)
         plan = split_plan(self.kernel_spec.name, self._kernel_heads, self.topk, self.platform)
         return GraphMetadata(
             max_rows, self.num_heads, self.topk, self.dtype, self.device,
             padded_heads=self.padded_heads, **plan.metadata_kwargs(),
         )
 
-    def plan(self, metadata: GraphMetadata, indices: torch.Tensor, pad_to: int | None = None) -> None:
+    def plan(
+        self, metadata: GraphMetadata, indices: torch.Tensor, pad_to: int | None = None,
+        check_indices: bool | None = None, pool_tokens: int | None = None,
+    ) -> None:
         """See :meth:`AttentionBackend.plan`; also builds the launch plan of the rows the next
         ``forward`` gets (``max(rows, pad_to)``), so ``forward`` only looks it up."""
-        super().plan(metadata, indices, pad_to)
+        super().plan(metadata, indices, pad_to, check_indices, pool_tokens)
         self.launch_plan(metadata, metadata.num_planned_rows)
 
     def launch_plan(self, metadata: GraphMetadata, rows: int, aligned: bool = True) -> LaunchPlan:
@@ -147,30 +152,3 @@ class TritonBackend(AttentionBackend):
             return None
         plan = self.launch_plan(metadata, rows, aligned)
         return self._bind(plan, *self._fixed_args(metadata, rows, plan.workspace_splits))
-
-    def check_metadata(self, metadata: GraphMetadata) -> None:
-        """Refuse metadata made for another configuration (cheap: Python attributes only)."""
-        got = (metadata.num_heads, metadata.topk, metadata.dtype, metadata.padded_heads)
-        want = self._metadata_config
-        if got != want:
-            raise ValueError(
-                f"{self.name}: metadata was made for (num_heads, topk, dtype, padded_heads)="
-                f"{got}, this backend needs {want}. Fix: use backend.make_metadata(max_rows)."
-            )
-        if self.uses_counter and metadata.counter is None:
-            raise ValueError(f"{self.name}: metadata has no multi-CTA counter; use make_metadata")
-        if self.uses_workspace and metadata.workspace_out is None:
-            raise ValueError(f"{self.name}: metadata has no split-KV workspace; use make_metadata")
-
-    def check_call(self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata) -> None:
-        """Everything ``forward`` checks before a launch (Python attributes only, so it costs
-        about a microsecond and is free inside a capture): shapes and dtypes, contiguous last
-        dims, one device, matching metadata."""
-        self.check_inputs(q, kv)
-        if q.stride(-1) != 1 or kv.stride(-1) != 1:
-            raise ValueError(
-                f"{self.name}: q and kv need a contiguous last dim (stride 1), got q strides "
-                f"{q.stride()}, kv strides {kv.stride()}; pass .contiguous()"
-            )
-        self.check_devices(q, kv, metadata)
-        self.check_metadata(metadata)

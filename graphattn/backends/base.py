@@ -22,17 +22,11 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..common.kv_layout import (
-    KV_AUTO,
-    KV_FP8,
-    TOKEN_BYTES,
-    check_fp8_kv,
-    dequantize_kv,
-    describe_kv_dtype,
-    kv_dtype_name,
-)
+from ..common.kv_layout import KV_AUTO, KV_FP8, dequantize_kv, describe_kv_dtype, kv_dtype_name
 from ..common.metadata import D_QK, D_V, GraphMetadata
 from ..common.platform import Platform, current_platform
+from ..common.validation import check_index_range, check_indices_default, check_int, check_sm_scale, is_int
+from ._checks import BackendChecks
 
 
 class GraphSupport(enum.IntEnum):
@@ -60,7 +54,7 @@ def _round_up(x: int, multiple: int) -> int:
     return -(-x // multiple) * multiple
 
 
-class AttentionBackend:
+class AttentionBackend(BackendChecks):
     """Base class of every sparse MLA attention backend.
 
     Computation (DeepSeek sparse MLA, one shared latent KV head, ``d_qk = 576``, ``d_v = 512``):
@@ -83,6 +77,7 @@ class AttentionBackend:
             ``head_pad_multiple`` (the q-pad rule applies).
         uses_counter: the kernel uses the multi-CTA counter (the counter rule applies).
         uses_workspace: the kernel writes split-KV partials to the metadata workspace.
+        unit_stride_only: q and kv need a contiguous last dim (kernels index it with stride 1).
         uses_triton: the kernel is a Triton kernel (on a machine without a GPU it runs under the
             Triton interpreter: correct but slow, for small shapes only).
         platforms: platform names (``cpu``, ``cuda``, ``hip``) it runs on.
@@ -99,6 +94,7 @@ class AttentionBackend:
     uses_counter: ClassVar[bool] = False
     uses_workspace: ClassVar[bool] = False
     uses_triton: ClassVar[bool] = False
+    unit_stride_only: ClassVar[bool] = False
     platforms: ClassVar[tuple[str, ...]] = ("cpu", "cuda", "hip")
     graph_support: ClassVar[GraphSupport] = GraphSupport.FULL
     description: ClassVar[str] = ""
@@ -123,6 +119,16 @@ class AttentionBackend:
             kv_dtype: the KV-cache layout, ``"auto"`` (``[pool, 576]`` in ``dtype``) or ``"fp8"``
                 (``[pool, 656]`` uint8 FP8 tokens, :mod:`graphattn.common.kv_layout`).
         """
+        who = f"attention backend '{self.name}'"
+        for arg, value in (("num_heads", num_heads), ("topk", topk)):
+            if not is_int(value):
+                raise TypeError(f"{who}: {arg} must be an int, got {value!r} ({type(value).__name__})")
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"{who}: dtype must be a torch.dtype (e.g. torch.bfloat16), got {dtype!r}")
+        if platform is not None and not isinstance(platform, Platform):
+            raise TypeError(f"{who}: platform must be a graphattn Platform or None, got {platform!r}; "
+                            "use graphattn.common.current_platform() or leave it out")
+        sm_scale = D_QK**-0.5 if sm_scale is None else check_sm_scale(who, sm_scale)
         self.platform = platform or current_platform()
         kv_dtype = kv_dtype_name(kv_dtype)
         reasons = self.refusal_reasons(num_heads, dtype, topk, self.platform, **kv_kwargs(kv_dtype))
@@ -133,7 +139,9 @@ class AttentionBackend:
             )
         self.num_heads, self.topk, self.dtype = int(num_heads), int(topk), dtype
         self.kv_dtype = kv_dtype
-        self.sm_scale = float(sm_scale) if sm_scale is not None else D_QK**-0.5
+        self.sm_scale = sm_scale
+        # What check_metadata compares (host attributes only, so the check stays cheap).
+        self._metadata_config = (self.num_heads, self.topk, self.dtype, self.padded_heads)
 
     # -- capabilities --------------------------------------------------------------------------
     @classmethod
@@ -235,28 +243,48 @@ class AttentionBackend:
         Every bucket's graph and every eager call up to ``max_rows`` then uses slices of these
         buffers; none is ever replaced.
         """
+        check_int(f"{self.name}.make_metadata", "max_rows", max_rows, 1)
         return GraphMetadata(
             max_rows, self.num_heads, self.topk, self.dtype, self.device,
             padded_heads=self.padded_heads,
         )
 
-    def plan(self, metadata: GraphMetadata, indices: torch.Tensor, pad_to: int | None = None) -> None:
+    def plan(
+        self, metadata: GraphMetadata, indices: torch.Tensor, pad_to: int | None = None,
+        check_indices: bool | None = None, pool_tokens: int | None = None,
+    ) -> None:
         """Host-side setup for one step. **Not capturable**: call it outside any graph.
 
         Writes ``indices [rows, topk]`` int32 (-1 = skip) into ``metadata``'s persistent index
         table in place; rows ``rows:pad_to`` become -1 (the inert padding rows of a graph bucket;
         ``GraphRunner.run`` pads to its bucket itself, so engines need no ``pad_to``). After
         capture, a step with more rows than the metadata reserved is written to a temporary
-        table instead (an oversized eager step, see ``GraphMetadata.oversized``).
+        table instead (an oversized eager step, see ``GraphMetadata.oversized``). ``forward``
+        then accepts up to ``max(rows, pad_to)`` q rows.
+
+        ``check_indices``: validate the indices (default: ``GRAPHATTN_CHECK_INDICES``, read at
+        import). Out-of-range indices are skipped by contract; this finds the engine bug behind
+        them: values below -1 now, values at or past the pool now when ``pool_tokens`` is given,
+        else at the next eager ``forward`` (which knows the pool). It synchronises: debug only.
 
         Raises:
-            ValueError: wrong shape or dtype.
+            TypeError: indices not a tensor, metadata not a ``GraphMetadata``, ``pad_to`` not an int.
+            ValueError: wrong dtype or shape, ``pad_to`` < rows, metadata of another backend,
+                indices on another GPU than the metadata.
+            IndexError: (``check_indices``) the first bad row and value.
             CaptureCapacityError: more rows than reserved, during a capture.
         """
-        if indices.dtype != torch.int32:
-            raise ValueError(f"plan: indices must be int32, got {indices.dtype}")
-        self.check_plan_device(metadata, indices)
+        self.check_plan(metadata, indices, pad_to)
         metadata.refresh_(indices, pad_to=pad_to)
+        if check_indices is None:
+            check_indices = check_indices_default()
+        if check_indices:
+            who = f"{self.name}.plan"
+            if pool_tokens is None:
+                check_index_range(who, indices, None)
+                metadata.require_index_check()
+            else:
+                check_index_range(who, indices, check_int(who, "pool_tokens", pool_tokens, 1))
 
     def forward(
         self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata,
@@ -274,69 +302,6 @@ class AttentionBackend:
         (:func:`accepts_out`).
         """
         raise NotImplementedError
-
-    def check_out(self, q: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor]) -> None:
-        """Raise ``ValueError`` unless ``out`` is a contiguous ``(out [rows, num_heads, 512]``
-        in q's dtype, ``lse [rows, num_heads]`` float32) pair on q's device."""
-        rows = q.shape[0]
-        try:
-            o, lse = out
-            ok = (tuple(o.shape) == (rows, self.num_heads, D_V) and o.dtype == q.dtype
-                  and tuple(lse.shape) == (rows, self.num_heads) and lse.dtype == torch.float32
-                  and o.is_contiguous() and lse.is_contiguous()
-                  and o.device == q.device and lse.device == q.device)
-        except (TypeError, ValueError, AttributeError):
-            ok = False
-        if not ok:
-            got = [(tuple(t.shape), t.dtype, str(t.device)) if isinstance(t, torch.Tensor) else type(t).__name__
-                   for t in (out if isinstance(out, (tuple, list)) else [out])]
-            raise ValueError(
-                f"{self.name}: out must be (out [{rows}, {self.num_heads}, {D_V}] {q.dtype}, "
-                f"lse [{rows}, {self.num_heads}] float32), contiguous, on {q.device}; got {got}"
-            )
-
-    def check_inputs(self, q: torch.Tensor, kv: torch.Tensor) -> None:
-        """Raise ``ValueError`` unless ``q [rows, num_heads, 576]`` has this backend's dtype and
-        kv its layout: ``[pool, 576]`` in that dtype, or ``[pool, 656]`` uint8 with
-        ``kv_dtype="fp8"``. Reads only Python attributes, so it is free inside a capture."""
-        expected = (self.num_heads, D_QK)
-        if q.dim() != 3 or tuple(q.shape[1:]) != expected or q.dtype != self.dtype:
-            raise ValueError(
-                f"{self.name}: expected q [rows, {expected[0]}, {expected[1]}] {self.dtype}, "
-                f"got {tuple(q.shape)} {q.dtype}"
-            )
-        width, kv_dt = (TOKEN_BYTES, torch.uint8) if self.kv_fp8 else (D_QK, self.dtype)
-        if kv.dim() != 2 or kv.shape[1] != width or kv.dtype != kv_dt:
-            raise ValueError(
-                f"{self.name}: expected kv [pool, {width}] {kv_dt} (kv_dtype={self.kv_dtype}), got "
-                f"{tuple(kv.shape)} {kv.dtype}; the backend was made for kv_dtype={self.kv_dtype!r}"
-            )
-        if self.kv_fp8:
-            check_fp8_kv(self.name, kv)
-
-    def check_devices(self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata) -> None:
-        """Raise ``ValueError`` unless q, kv and the metadata's index table are on one device
-        (``cuda:1`` q with ``cuda:0`` metadata is refused before any launch). Compares
-        ``torch.device`` objects: no tensor op, no synchronisation."""
-        table, device = metadata.indices.tensor, q.device
-        if kv.device != device or table.device != device:
-            raise ValueError(
-                f"{self.name}: q is on {q.device}, kv on {kv.device}, metadata on {table.device}; "
-                f"expected all on q's device. Fix: one backend and metadata per device "
-                f"(Backend(..., platform=current_platform().on_device({str(q.device)!r})), "
-                f"then make_metadata) and that device's KV cache"
-            )
-
-    def check_plan_device(self, metadata: GraphMetadata, indices: torch.Tensor) -> None:
-        """Raise ``ValueError`` when ``indices`` sit on another GPU than the metadata (host
-        indices are fine: plan copies them in). An int compare, no synchronisation."""
-        index = indices.get_device()
-        if index >= 0 and index != metadata.indices.tensor.get_device():
-            raise ValueError(
-                f"plan: indices are on {indices.device} but the metadata ({self.name}) is on "
-                f"{metadata.indices.tensor.device}; make the indices on the metadata's device "
-                f"(or on the host), or use that device's metadata"
-            )
 
     @property
     def kv_fp8(self) -> bool:

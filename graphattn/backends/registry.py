@@ -123,6 +123,9 @@ def get_backend_class(name: str) -> type[AttentionBackend]:
         ValueError: unknown name (the message lists the valid ones).
         TypeError: the registered object is not an :class:`AttentionBackend` subclass.
     """
+    if not isinstance(name, str):
+        raise TypeError(f"attention backend name must be a str (e.g. 'torch' or 'pkg.mod:Class'), "
+                        f"got {name!r}")
     specs = _all_specs()
     if name not in specs and not is_class_path(name):
         raise _unknown(name)
@@ -224,6 +227,8 @@ def resolve_backend(
         ValueError: unknown name, or the named backend refuses the configuration.
         RuntimeError: ``auto`` found no runnable backend (lists each candidate's reasons).
     """
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"attention backend name must be a str or None (auto), got {name!r}")
     platform = platform or current_platform()
     name = (name or AUTO).strip()
     if name != AUTO:

@@ -40,8 +40,7 @@ class TorchBackend(AttentionBackend):
         out: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """See :meth:`AttentionBackend.forward`. Capturable: static shapes, no host syncs."""
-        self.check_inputs(q, kv)
-        self.check_devices(q, kv, metadata)  # torch ops would copy across GPUs, or fail mid-way
+        self.check_call(q, kv, metadata)
         if out is not None:
             self.check_out(q, out)
         rows = q.shape[0]
@@ -65,15 +64,17 @@ class TorchBackend(AttentionBackend):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # q: [n, H, 576], indices: [n, topk] -> out [n, H, 512] f32, lse [n, H] f32.
         # Few, large ops: an eager call pays a launch per op, so each one is chosen to do the
-        # most (batched matmuls, not einsum; the mask as the additive bias of the first
-        # matmul; the softmax and lse from one max, one exp and one sum).
+        # most (batched matmuls, not einsum; the softmax and lse from one max, one exp and one
+        # sum).
         safe = indices.clamp(0, kv.shape[0] - 1)
         skipped = safe != indices  # -1 and anything else outside the pool: never read
         k = self.kv_rows_float(kv[safe])  # [n, topk, 576] f32 (FP8 tokens dequantised)
         # An unselected row's data must not reach the output, not even as 0 * NaN.
         k.masked_fill_(skipped[..., None], 0.0)
-        bias = torch.where(skipped, float("-inf"), 0.0)[:, None, :]  # [n, 1, topk]
-        s = torch.baddbmm(bias, q.float(), k.transpose(1, 2), alpha=self.sm_scale)  # [n, H, topk]
+        s = torch.bmm(q.float(), k.transpose(1, 2)).mul_(self.sm_scale)  # [n, H, topk]
+        # Masked after the product, not added as a -inf bias: a NaN or inf in q times a
+        # skipped slot's zeros is NaN, and a skipped slot must contribute nothing.
+        s.masked_fill_(skipped[:, None, :], float("-inf"))
         # A row with no valid index has max -inf: shift it by the lowest float instead, so it
         # gets weights exp(-inf) = 0, sum 0, lse -inf and out 0. NaN (from q or a selected KV
         # row) passes through max, clamp and exp, and so propagates, as in the kernels.

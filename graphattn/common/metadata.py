@@ -15,8 +15,9 @@ touched. Inside a capture such a step raises :class:`CaptureCapacityError`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Iterator
 
 import torch
 
@@ -24,6 +25,7 @@ from .buffers import GrowOnlyBuffer, OverflowPolicy, storage_epoch
 from .capture import is_capturing
 from .errors import CaptureCapacityError
 from .platform import indexed_device
+from .validation import check_index_range
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,8 @@ class GraphMetadata:
         num_rows: live rows written by the last ``refresh_`` (host int).
         num_planned_rows: rows the last ``refresh_`` wrote including padding (``max(n, pad_to)``);
             above :attr:`capacity` the step is oversized (:attr:`oversized`).
+        checked_rows: rows a ``forward`` may take with no further check (host int): the planned
+            rows, or 0 while something is still to check (the slow path, :meth:`check_forward`).
     """
 
     def __init__(
@@ -90,6 +94,11 @@ class GraphMetadata:
         self._captured = False
         self.num_rows = 0
         self.num_planned_rows = 0
+        self.checked_rows = 0  # 0 until planned: a forward before any plan() takes the slow path
+        self._planned = False
+        self._capture_rows = 0  # rows a runner's capture may read unplanned (capture_rows)
+        self._read_unplanned = False  # a capture read the table before any plan()
+        self._pending_index_check = False  # plan(check_indices=True) without the pool size
         self._ws_views: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._q_heads: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # rows -> (q_pad rows, real heads)
         self._bound: dict[Hashable, Any] = {}
@@ -321,6 +330,79 @@ class GraphMetadata:
         self._dirty_rows = max(n, dirty) if dirty > rows else n
         self.num_rows = n
         self.num_planned_rows = rows
+        self._planned = True
+        self._pending_index_check = False
+        self.checked_rows = rows
+
+    # -- planned rows: what forward and a runner's replay may read -------------------------
+    def require_index_check(self) -> None:
+        """Check the planned indices against the pool at the next eager ``forward`` (which
+        knows the pool size; ``plan(check_indices=True)`` calls this)."""
+        self._pending_index_check = True
+        self.checked_rows = 0  # sends the next forward down the slow path
+
+    def check_forward(self, rows: int, pool_tokens: int, who: str) -> None:
+        """The slow path of a ``forward`` of ``rows`` q rows (``rows > checked_rows``).
+
+        Runs a pending index check (outside captures: it synchronises), and refuses more rows
+        than ``plan()`` wrote, except during a runner's capture (:meth:`capture_rows`).
+
+        Raises:
+            ValueError: more q rows than planned, or no ``plan()`` yet.
+            IndexError: a pending index check found an index outside ``[0, pool_tokens)``, not -1.
+        """
+        if self._pending_index_check and not is_capturing():
+            check_index_range(who, self.indices_for(self.num_rows), pool_tokens)
+            self._pending_index_check = False
+            self.checked_rows = self.num_planned_rows
+        if rows <= self.num_planned_rows:
+            return
+        if rows <= self._capture_rows:  # a capture's rows are inert: replays check their own
+            self._read_unplanned = True
+            return
+        raise ValueError(f"{who}: {self._unplanned_message(rows, 'q has')}")
+
+    def _unplanned_message(self, rows: int, what: str) -> str:
+        if not self._planned:
+            done = "plan() has not been called on this metadata"
+        else:
+            done = (f"the last plan() wrote {self.num_planned_rows} rows ({self.num_rows} live"
+                    f"{' + padding' if self.num_planned_rows > self.num_rows else ''})")
+        return (
+            f"{what} {rows} rows but {done}; rows past the plan would attend over another step's "
+            f"indices. Fix: call backend.plan(metadata, indices) with this step's [{rows}, "
+            f"{self.topk}] indices first (before a graph replay: pad_to=runner.bucket_for(rows))"
+        )
+
+    def check_replay_rows(self, rows: int, bucket: int) -> None:
+        """A runner's check before replaying ``bucket`` rows for ``rows`` live rows: the last
+        plan wrote at least ``rows`` live rows and ``bucket`` rows in all. Skipped when the
+        index table was never planned nor read (the runner's function does not use it).
+
+        Raises:
+            ValueError: the plan does not cover the replay.
+        """
+        if not (self._planned or self._read_unplanned):
+            return
+        if rows > self.num_rows:
+            raise ValueError(f"GraphRunner.run: {self._unplanned_message(rows, 'the live inputs have')}")
+        if bucket > self.num_planned_rows:
+            raise ValueError(
+                f"GraphRunner.run: the replay of bucket {bucket} reads {bucket} planned rows but "
+                f"the last plan() wrote {self.num_planned_rows}; rows past it hold another step's "
+                f"indices. Fix: plan(metadata, indices, pad_to=runner.bucket_for({rows}))"
+            )
+
+    @contextlib.contextmanager
+    def capture_rows(self, rows: int) -> Iterator[None]:
+        """Within the block, ``forward`` accepts up to ``rows`` q rows without a plan: a
+        graph runner's warm-up and capture of a bucket run on inert inputs, and replays check
+        the plan themselves (:meth:`check_replay_rows`)."""
+        before, self._capture_rows = self._capture_rows, rows
+        try:
+            yield
+        finally:
+            self._capture_rows = before
 
     def extend_plan_(self, rows: int) -> None:
         """Pad the planned step to ``rows`` rows with inert rows (−1) in place, so a graph
@@ -334,6 +416,8 @@ class GraphMetadata:
             ValueError: the planned step is oversized (it runs eagerly, on temporaries).
         """
         planned = self.num_planned_rows
+        if not self._planned:
+            return  # nothing planned to pad: the runner's replay check refuses the step
         if self._oversized is not None:
             raise ValueError(
                 f"a graph bucket of {rows} rows is about to replay, but the planned step has "
@@ -349,6 +433,8 @@ class GraphMetadata:
         self._dirty_storage = self.indices.tensor
         self._dirty_rows = dirty if dirty > rows else min(dirty, planned)
         self.num_planned_rows = rows
+        if not self._pending_index_check:
+            self.checked_rows = rows
 
     def _refresh_oversized(self, indices: torch.Tensor, rows: int) -> None:
         """Write an oversized step into a temporary table; the captured one is left untouched
@@ -366,6 +452,9 @@ class GraphMetadata:
         self._oversized = table
         self.num_rows = indices.shape[0]
         self.num_planned_rows = rows
+        self._planned = True
+        self._pending_index_check = False
+        self.checked_rows = rows
 
     def __repr__(self) -> str:
         return (

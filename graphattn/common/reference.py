@@ -1,8 +1,9 @@
 """Reference sparse MLA attention (DeepSeek style, one shared latent KV head) in float32/64.
 
 ``q [rows, heads, d_qk]``, ``kv [pool, d_qk]`` (V = ``kv[:, :d_v]``), ``indices [rows, topk]``
-int32 into the pool. Index −1 (or anything outside ``[0, pool)``) is skipped; duplicate indices
-count as many times as they appear. Returns ``out [rows, heads, d_v]`` and
+int32 into the pool. Index −1 (or anything outside ``[0, pool)``) is skipped and its KV row never
+read (a NaN there cannot leak); duplicate indices count as many times as they appear. NaN in q
+or in a selected KV row propagates into that row's out and lse. Returns ``out [rows, heads, d_v]`` and
 ``lse [rows, heads]`` (natural log). A row with no valid index gives out = 0 and lse = −inf.
 ``kv`` may also be 656-byte FP8 tokens (``[pool, 656]`` uint8, :mod:`.kv_layout`): the reference
 dequantises them explicitly (exactly, in float64) and attends over the dequantised cache.
@@ -62,7 +63,9 @@ def sparse_mla_reference(
         s = torch.einsum("nhd,ntd->nht", q[r0:r1].to(compute_dtype), k) * sm_scale
         s = s.masked_fill(~valid[:, None, :], float("-inf"))
         row_lse = torch.logsumexp(s, dim=-1)  # [n, heads]; -inf where no valid index
-        p = torch.exp(s - row_lse[..., None]).nan_to_num(0.0)
+        # Skipped slots get weight 0 by mask (a row with none valid: -inf - -inf = NaN there),
+        # so NaN from q or a selected KV row still propagates into out and lse.
+        p = torch.exp(s - row_lse[..., None]).masked_fill(~valid[:, None, :], 0.0)
         out[r0:r1] = torch.einsum("nht,ntv->nhv", p, k[..., :d_v])
         lse[r0:r1] = row_lse
     return out, lse

@@ -130,6 +130,9 @@ class BreakableGraph:
         name_roots: Iterable[tuple[str, Any]] = (),
         device: torch.device | str | None = None,
     ):
+        if platform is not None and not isinstance(platform, Platform):
+            raise TypeError(f"BreakableGraph: platform must be a graphattn Platform or None, got "
+                            f"{platform!r}; use graphattn.common.current_platform() or leave it out")
         self.platform = platform or current_platform()
         self.device = torch.device(device) if device is not None else self.platform.device
         self.segment_class = self.platform.graph_segment_class()
@@ -163,12 +166,16 @@ class BreakableGraph:
     # -- capture ------------------------------------------------------------------------
     def warmup(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         """Run ``fn`` eagerly on the stream captures use (HIP: hipBLASLt handles are per stream)."""
+        if not callable(fn):
+            raise TypeError(f"BreakableGraph.warmup: fn must be callable, got {type(fn).__name__}")
         with device_scope(self.device), self.segment_class.warmup_scope():
             out = fn(*args, **kwargs)
         return out
 
     def capture(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         """Capture ``fn(*args, **kwargs)`` once; returns its outputs (replays overwrite them)."""
+        if not callable(fn):
+            raise TypeError(f"BreakableGraph.capture: fn must be callable, got {type(fn).__name__}")
         if self.captured:
             raise RuntimeError("this BreakableGraph is already captured; make a new one")
         if getattr(_active, "graph", None) is not None:

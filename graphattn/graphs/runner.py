@@ -16,6 +16,7 @@ The runner owns graphs, not buffers: buffers the function uses live in a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any, Callable, Mapping, Protocol, Sequence
@@ -24,6 +25,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from ..common.platform import Platform, current_platform
+from ..common.validation import is_int
 from .breakable import BreakableGraph
 from .sanitizer import sanitize_enabled
 
@@ -57,6 +59,23 @@ def default_buckets(max_rows: int) -> list[int]:
     if buckets[-1] != max_rows:
         buckets.append(max_rows)
     return buckets
+
+
+def _check_buckets(buckets: Sequence[int] | None, max_rows: int) -> list[int]:
+    """Sorted distinct bucket sizes: ``None`` gives :func:`default_buckets`; an empty list or a
+    non-integer size is an error, not a silent default."""
+    if buckets is None:
+        return default_buckets(max_rows)
+    sizes = list(buckets)
+    if not sizes:
+        raise ValueError(
+            f"buckets is empty: expected at least one bucket size in [1, {max_rows}]; pass "
+            f"buckets=None for the default list ({default_buckets(max_rows)[:6]}...)"
+        )
+    bad = [b for b in sizes if not is_int(b)]
+    if bad:
+        raise TypeError(f"buckets must be ints (row counts), got {bad}")
+    return sorted(set(int(b) for b in sizes))
 
 
 class GraphRunner:
@@ -101,11 +120,19 @@ class GraphRunner:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if not static_inputs:
             raise ValueError("static_inputs is empty: the runner needs at least one input")
+        for name, t in static_inputs.items():
+            if not isinstance(t, torch.Tensor) or t.dim() < 1:
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise TypeError(f"static input '{name}' must be a tensor [max_rows, ...], got {got}")
+        if not callable(fn):
+            raise TypeError(f"fn must be callable (the step to capture), got {type(fn).__name__}")
         sizes = {name: t.shape[0] for name, t in static_inputs.items()}
         if len(set(sizes.values())) != 1:
             raise ValueError(f"static inputs must share dim 0 (max rows); got {sizes}")
         self.max_rows = next(iter(sizes.values()))
         self.fn, self.static = fn, dict(static_inputs)
+        if platform is not None and not isinstance(platform, Platform):
+            raise TypeError(f"GraphRunner: platform must be a graphattn Platform or None, got {platform!r}")
         self.platform = platform or current_platform()
         self.device = self._static_device()
         self.pad_values = {name: 0 for name in self.static} | dict(pad_values or {})
@@ -114,7 +141,7 @@ class GraphRunner:
             raise ValueError(f"pad_values names {sorted(unknown)} are not static inputs {sorted(self.static)}")
         self.metadata, self.mode = metadata, mode
         self._extend_plan = _extend_plan(metadata)
-        self.buckets = sorted(set(int(b) for b in (buckets or default_buckets(self.max_rows))))
+        self.buckets = _check_buckets(buckets, self.max_rows)
         if self.buckets[0] < 1 or self.buckets[-1] > self.max_rows:
             raise ValueError(
                 f"buckets must lie in [1, {self.max_rows}] (the static inputs' rows); got {self.buckets}"
@@ -130,6 +157,11 @@ class GraphRunner:
         self._row_views: dict[int, list[tuple[torch.Tensor, str]]] = {}
         self._out_views: dict[tuple[int, int], Any] = {}
         self._dirty_rows = 0
+        # What run() compares each live input with: (all dims but the rows, dtype, device).
+        self._expected = {n: (t.dim(), t.shape[1:], t.dtype, t.device) for n, t in self.static.items()}
+        # A GraphMetadata checks that its plan covers a replay (duck-typed: any metadata may).
+        self._check_plan = getattr(metadata, "check_replay_rows", None)
+        self._capture_rows = getattr(metadata, "capture_rows", None)
 
     # -- capture ------------------------------------------------------------------------
     def _inputs(self, rows: int) -> dict[str, torch.Tensor]:
@@ -171,10 +203,13 @@ class GraphRunner:
         inputs = self._inputs(bucket)
         if self._extend_plan is not None:
             self._extend_plan(bucket)  # capture on a plan of the bucket's rows (padding inert)
-        graph.warmup(self.fn, **inputs)  # as engines do: first-call work happens outside
-        self._synchronize()
-        graph.capture(self.fn, **inputs)
-        self._synchronize()
+        # The metadata lets the bucket's forward read unplanned rows while capturing: inputs
+        # are inert, and each replay checks the plan that covers it.
+        with self._capture_rows(bucket) if self._capture_rows else contextlib.nullcontext():
+            graph.warmup(self.fn, **inputs)  # as engines do: first-call work happens outside
+            self._synchronize()
+            graph.capture(self.fn, **inputs)
+            self._synchronize()
         self.pool = graph.pool
         self.graphs[bucket] = graph
         if self.metadata is not None:
@@ -205,17 +240,6 @@ class GraphRunner:
             )
         return device
 
-    def _check_live_devices(self, live: Mapping[str, torch.Tensor]) -> None:
-        """Refuse a live input on another device than the graphs' (a copy across GPUs would
-        run, slowly, where the engine meant one rank's tensors). No tensor op, no sync."""
-        device = self.device
-        for name, t in live.items():
-            if t.device != device:
-                raise ValueError(
-                    f"run(): input {name!r} is on {t.device} but this runner's graphs are on "
-                    f"{self.device}; pass tensors on {self.device} (one runner per device)"
-                )
-
     # -- replay -------------------------------------------------------------------------
     def bucket_for(self, rows: int) -> int | None:
         """The smallest bucket >= ``rows``; ``None`` when ``rows`` exceeds every bucket."""
@@ -225,14 +249,28 @@ class GraphRunner:
         return None
 
     def _live_rows(self, live: Mapping[str, torch.Tensor]) -> int:
-        if set(live) != set(self.static):
+        if live.keys() != self.static.keys():
             raise ValueError(f"run() expects inputs {sorted(self.static)}, got {sorted(live)}")
-        rows = {name: t.shape[0] for name, t in live.items()}
-        if len(set(rows.values())) != 1:
-            raise ValueError(f"live inputs must share dim 0 (rows); got {rows}")
-        n = next(iter(rows.values()))
+        n = None
+        for name, t in live.items():
+            dim, tail, dtype, device = self._expected[name]
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"GraphRunner.run: input '{name}' must be a tensor, got {type(t).__name__}")
+            if t.dim() != dim or t.shape[1:] != tail or t.dtype != dtype or t.device != device:
+                # Refused, not broadcast or cast by copy_: a [rows, 1, d] q would fill every head.
+                want = "[rows" + "".join(f", {d}" for d in tail) + "]"
+                raise ValueError(
+                    f"GraphRunner.run: input '{name}' must be {want} {dtype} on {device} (its "
+                    f"static tensor's dims after the rows, dtype and device), got "
+                    f"{tuple(t.shape)} {t.dtype} on {t.device}; convert it first"
+                )
+            if n is None:
+                n = t.shape[0]
+            elif t.shape[0] != n:
+                rows = {k: v.shape[0] for k, v in live.items()}
+                raise ValueError(f"GraphRunner.run: live inputs must share dim 0 (rows); got {rows}")
         if n < 1:
-            raise ValueError("run() needs at least one row")
+            raise ValueError(f"GraphRunner.run: needs at least one row, got {n} (skip the step instead)")
         return n
 
     def run(self, **live: torch.Tensor) -> Any:
@@ -244,12 +282,15 @@ class GraphRunner:
         metadata's planned step is padded to the bucket first (see ``extend_plan_``).
         """
         rows = self._live_rows(live)
-        self._check_live_devices(live)
         bucket = self.bucket_for(rows)
         if bucket is None or bucket not in self.graphs:
             if bucket is not None:
                 raise RuntimeError("GraphRunner.run() before capture()")
             return self.fn(**live)
+        if self._extend_plan is not None:
+            self._extend_plan(bucket)  # the bucket's padding rows attend to nothing
+        if self._check_plan is not None:
+            self._check_plan(rows, bucket)
         views = self._row_views.get(rows)
         if views is None:
             views = self._row_views[rows] = [(t.narrow(0, 0, rows), n) for n, t in self.static.items()]
@@ -259,8 +300,6 @@ class GraphRunner:
         if dirty > rows:
             self._pad(rows, min(bucket, dirty))
         self._dirty_rows = rows if dirty <= bucket else dirty
-        if self._extend_plan is not None:
-            self._extend_plan(bucket)  # the bucket's padding rows attend to nothing
         out = self.graphs[bucket].replay()
         if rows == bucket:
             return out

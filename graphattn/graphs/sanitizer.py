@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
@@ -33,6 +32,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..common.buffers import GrowOnlyBuffer
 from ..common.errors import FreedCaptureBufferError, GraphSafetyError
+from ..common.validation import env_flag
 
 SANITIZE_ENV = "GRAPHATTN_SANITIZE"
 
@@ -47,10 +47,14 @@ _FRESH_INPUT_OPS = frozenset(["lift_fresh", "lift_fresh_copy"])
 
 
 def sanitize_enabled(flag: bool | None = None) -> bool:
-    """Resolve a ``sanitize=`` argument: explicit flag, else ``GRAPHATTN_SANITIZE`` (off)."""
+    """Resolve a ``sanitize=`` argument: explicit flag, else ``GRAPHATTN_SANITIZE`` (off).
+
+    Raises:
+        ValueError: ``GRAPHATTN_SANITIZE`` holds something other than an on/off value.
+    """
     if flag is not None:
         return bool(flag)
-    return os.environ.get(SANITIZE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return env_flag(SANITIZE_ENV)  # a typo raises: a debug switch must not silently stay off
 
 
 def op_name(func: Any) -> str:

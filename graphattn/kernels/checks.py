@@ -11,6 +11,7 @@ import torch
 from ..common.kv_layout import TOKEN_BYTES, check_fp8_kv, is_fp8_kv
 from ..common.metadata import D_QK, D_V
 from ..common.platform import current_platform
+from ..common.validation import check_sm_scale
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -19,15 +20,18 @@ def _shape(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(t.shape)
 
 
-def check_attention_inputs(path: str, q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor) -> None:
+def check_attention_inputs(path: str, q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
+                           sm_scale: float | None = None) -> None:
     """Check ``q [rows, H, 576]``, ``kv [pool, 576]`` (or ``[pool, 656]`` uint8 FP8 tokens),
-    ``indices [rows, topk] int32``.
+    ``indices [rows, topk] int32``, and ``sm_scale`` (a finite float > 0) where given.
 
     Requirements: q bf16 or fp16 and kv in q's dtype, or kv in the 656-byte FP8 layout
     (:mod:`graphattn.common.kv_layout`: 4-byte aligned rows); the last dim of q, kv and indices
     has stride 1 (other strides are free, e.g. a head slice of a larger q); all on one device of
     the current platform.
     """
+    if isinstance(sm_scale, (int, float)):  # a symbolic float under torch.compile is not checked
+        check_sm_scale(path, sm_scale)
     if q.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{path}: q must be bfloat16 or float16, got {q.dtype}; cast q first")
     if is_fp8_kv(kv):

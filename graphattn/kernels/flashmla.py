@@ -175,8 +175,8 @@ def run_flashmla(plan: LaunchPlan, q, kv, indices, sm_scale: float, ws_out, ws_l
     return bind_flashmla(plan, indices, sm_scale, ws_out, ws_lse)(q, kv)
 
 
-def _check(q, kv, indices, ws_out, ws_lse) -> None:
-    checks.check_attention_inputs(PATH, q, kv, indices)
+def _check(q, kv, indices, sm_scale, ws_out, ws_lse) -> None:
+    checks.check_attention_inputs(PATH, q, kv, indices, sm_scale)
     checks.check_padded_heads(PATH, q)
     checks.check_workspace(PATH, q, ws_out, ws_lse)
 
@@ -206,7 +206,7 @@ def sparse_mla_flashmla(
         ``out [rows, H, 512]`` in q's dtype and ``lse [rows, H]`` f32 (natural log); a row with
         no valid index gives out 0 and lse −inf.
     """
-    _check(q, kv, indices, ws_out, ws_lse)
+    _check(q, kv, indices, sm_scale, ws_out, ws_lse)
     plan = plan_flashmla(q.shape[0], q.shape[1], indices.shape[1], ws_out.shape[1], aligned_16(q, kv),
                          is_fp8_kv(kv))
     with device_scope(q.device):  # Triton launches on the current device: make it q's
@@ -215,5 +215,5 @@ def sparse_mla_flashmla(
 
 @sparse_mla_flashmla.register_fake
 def _(q, kv, indices, sm_scale, ws_out, ws_lse):
-    _check(q, kv, indices, ws_out, ws_lse)
+    _check(q, kv, indices, sm_scale, ws_out, ws_lse)
     return empty_outputs(q)

@@ -17,7 +17,6 @@ compiling or watching the dispatch (no ``TorchDispatchMode`` on the stack).
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
@@ -25,6 +24,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from ..common.platform import kernels_interpreted, triton_interpreter_env
+from ..common.validation import env_choice
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,8 @@ SPECS = {s.name: s for s in (FLASHMLA, TRTLLM, MEGA)}
 
 # Debug switch, read once: GRAPHATTN_LAUNCHER=jit sends every launch through Triton's
 # JITFunction.run (argument binding, specialisation and cache lookup on each call).
-_CACHED_LAUNCHER = os.environ.get("GRAPHATTN_LAUNCHER", "cached") != "jit"
+# Any other value raises (when the kernels are first imported): a typo must not leave it on.
+_CACHED_LAUNCHER = env_choice("GRAPHATTN_LAUNCHER", ("cached", "jit"), "cached") != "jit"
 
 
 class _Triton:

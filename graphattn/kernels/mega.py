@@ -106,7 +106,7 @@ def sparse_mla_mega(
         ``out [rows, H, 512]`` in q's dtype and ``lse [rows, H]`` f32 (natural log); a row with
         no valid index gives out 0 and lse −inf.
     """
-    checks.check_attention_inputs(PATH, q, kv, indices)
+    checks.check_attention_inputs(PATH, q, kv, indices, sm_scale)
     plan = plan_mega(q.shape[0], q.shape[1], indices.shape[1], is_fp8_kv(kv))
     with device_scope(q.device):  # Triton launches on the current device: make it q's
         return run_mega(plan, q, kv, indices, sm_scale)
@@ -114,5 +114,5 @@ def sparse_mla_mega(
 
 @sparse_mla_mega.register_fake
 def _(q, kv, indices, sm_scale):
-    checks.check_attention_inputs(PATH, q, kv, indices)
+    checks.check_attention_inputs(PATH, q, kv, indices, sm_scale)
     return empty_outputs(q)

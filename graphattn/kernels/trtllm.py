@@ -114,8 +114,8 @@ def run_trtllm(plan: LaunchPlan, q, kv, indices, sm_scale: float, counter, ws_ou
     return bind_trtllm(plan, indices, sm_scale, counter, ws_out, ws_lse)(q, kv)
 
 
-def _check(q, kv, indices, counter, ws_out, ws_lse) -> LaunchPlan:
-    checks.check_attention_inputs(PATH, q, kv, indices)
+def _check(q, kv, indices, sm_scale, counter, ws_out, ws_lse) -> LaunchPlan:
+    checks.check_attention_inputs(PATH, q, kv, indices, sm_scale)
     checks.check_workspace(PATH, q, ws_out, ws_lse)
     plan = plan_trtllm(q.shape[0], q.shape[1], indices.shape[1], ws_out.shape[1], is_fp8_kv(kv))
     checks.check_counter(PATH, q, counter, plan.head_blocks)
@@ -149,12 +149,12 @@ def sparse_mla_trtllm(
         ``out [rows, H, 512]`` in q's dtype and ``lse [rows, H]`` f32 (natural log); a row with
         no valid index gives out 0 and lse −inf.
     """
-    plan = _check(q, kv, indices, counter, ws_out, ws_lse)
+    plan = _check(q, kv, indices, sm_scale, counter, ws_out, ws_lse)
     with device_scope(q.device):  # Triton launches on the current device: make it q's
         return run_trtllm(plan, q, kv, indices, sm_scale, counter, ws_out, ws_lse)
 
 
 @sparse_mla_trtllm.register_fake
 def _(q, kv, indices, sm_scale, counter, ws_out, ws_lse):
-    _check(q, kv, indices, counter, ws_out, ws_lse)
+    _check(q, kv, indices, sm_scale, counter, ws_out, ws_lse)
     return empty_outputs(q)

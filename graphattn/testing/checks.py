@@ -105,7 +105,7 @@ def _run_eager(ctx: CaseContext) -> None:
     for step, rows in enumerate(spec.steps):
         q = ctx.query(rows)
         indices = ctx.indices(rows)
-        backend.plan(metadata, indices)
+        ctx.plan(metadata, indices)
         out, lse = backend.forward(q, kv, metadata)
         assert_matches_reference(ctx, step, q, kv, indices, out, lse)
         check_counter_clean(ctx, metadata, step)

@@ -34,7 +34,7 @@ def run_graph_case(ctx: CaseContext, sanitize: bool = True) -> None:
         step, {"q": static_q}, {"q": 0.0}, metadata=metadata,
         buckets=list(ctx.shape.buckets), mode=ctx.mode, sanitize=sanitize,
     )
-    backend.plan(metadata, ctx.indices(max_bucket))
+    ctx.plan(metadata, ctx.indices(max_bucket))
     runner.capture()
     assert metadata.captured, f"{ctx.label}: GraphRunner.capture() did not mark the metadata"
     check_shared_pool(runner, ctx.label)
@@ -43,7 +43,7 @@ def run_graph_case(ctx: CaseContext, sanitize: bool = True) -> None:
     for i, rows in enumerate(spec.steps):
         q = ctx.query(rows)
         indices = ctx.indices(rows)
-        backend.plan(metadata, indices)  # host side, outside the graph; the runner pads it
+        ctx.plan(metadata, indices)  # host side, outside the graph; the runner pads it
         platform.empty_cache()  # hand freed blocks back, so a stale address gets reused
         victims = [torch.full((n,), SENTINEL, dtype=torch.uint8, device=platform.device) for n in held]
         out, lse = runner.run(q=q)

@@ -33,6 +33,11 @@ class BatchSpec:
         pattern: ``random`` (distinct indices spread over the pool), ``ragged`` (each row keeps a
             different number of valid indices, the rest -1, one row has none), or
             ``duplicates`` (indices drawn with replacement from a few tokens).
+        poison: hostile data the output must handle as the reference does: ``none``; ``kv``
+            (indices only select tokens ``[1, pool // 2)``; token 0, where a -1 clamps to, and
+            every token from ``pool // 2`` hold NaN and inf: none may reach any output); ``q``
+            (NaN in q: row 0's heads, which attend nothing under ``ragged`` and give out 0 /
+            lse -inf, and one head of the last row, whose out and lse must be NaN).
     """
 
     name: str
@@ -40,6 +45,7 @@ class BatchSpec:
     topk: int
     steps: tuple[int, ...]
     pattern: str = "random"
+    poison: str = "none"
 
     @property
     def max_rows(self) -> int:
@@ -83,6 +89,8 @@ SMALL = SuiteShape(
         BatchSpec("prefill_chunk", num_heads=8, topk=24, steps=(2, 6, 1)),
         BatchSpec("ragged", num_heads=16, topk=40, steps=(3, 4), pattern="ragged"),
         BatchSpec("duplicates", num_heads=8, topk=16, steps=(2, 4), pattern="duplicates"),
+        BatchSpec("nan_unselected_kv", num_heads=16, topk=40, steps=(3, 4), pattern="ragged", poison="kv"),
+        BatchSpec("nan_q", num_heads=8, topk=24, steps=(3, 2), pattern="ragged", poison="q"),
     ),
 )
 
@@ -97,6 +105,8 @@ REAL = SuiteShape(
         BatchSpec("prefill_chunk", num_heads=64, topk=2048, steps=(8, 300, 3, 300, 33)),
         BatchSpec("ragged", num_heads=128, topk=2048, steps=(24, 7), pattern="ragged"),
         BatchSpec("duplicates", num_heads=16, topk=2048, steps=(5, 32), pattern="duplicates"),
+        BatchSpec("nan_unselected_kv", num_heads=64, topk=2048, steps=(9, 64), pattern="ragged", poison="kv"),
+        BatchSpec("nan_q", num_heads=128, topk=2048, steps=(4, 33), pattern="ragged", poison="q"),
     ),
 )
 
@@ -118,19 +128,29 @@ def default_shape_name(has_gpu: bool) -> str:
 Q_STD = 3.0
 
 
+def selectable_tokens(pool_tokens: int) -> int:
+    """Tokens ``[1, pool // 2)`` a ``poison="kv"`` spec's indices select from (the count)."""
+    return pool_tokens // 2 - 1
+
+
 def make_indices(
     spec: BatchSpec, rows: int, pool_tokens: int, generator: torch.Generator, device
 ) -> torch.Tensor:
     """``[rows, topk]`` int32 indices of the spec's pattern (generated on the CPU, then moved)."""
     topk = spec.topk
+    # Poisoned KV: only tokens [1, pool // 2) are selectable; the rest hold NaN / inf.
+    first, choices = (1, selectable_tokens(pool_tokens)) if spec.poison == "kv" else (0, pool_tokens)
+    if choices < topk and spec.pattern != "duplicates":
+        raise ValueError(f"spec {spec.name!r}: top-k {topk} exceeds the {choices} selectable tokens")
     if spec.pattern == "duplicates":
-        few = max(2, min(pool_tokens, topk // 4))
+        few = max(2, min(choices, topk // 4))
         idx = torch.randint(0, few, (rows, topk), generator=generator)
-        idx = torch.randperm(pool_tokens, generator=generator)[:few][idx]  # few tokens, anywhere
+        idx = torch.randperm(choices, generator=generator)[:few][idx]  # few tokens, anywhere
     else:
         idx = torch.stack(
-            [torch.randperm(pool_tokens, generator=generator)[:topk] for _ in range(rows)]
+            [torch.randperm(choices, generator=generator)[:topk] for _ in range(rows)]
         )
+    idx += first
     if spec.pattern == "ragged":
         # Row r keeps a different count of valid indices; row 0 keeps none (out 0, lse -inf).
         lengths = torch.randint(1, topk + 1, (rows,), generator=generator)

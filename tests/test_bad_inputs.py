@@ -1,0 +1,340 @@
+"""The bad-input matrix: every public entry point x backend x mode, fed what users will pass.
+
+Each case asserts the exception type and that the message names the argument (and, where
+there is one, the fix); a case that is accepted silently or fails inside torch fails here.
+The graph, registry and environment side is in test_bad_inputs_graphs.py. Results of inputs
+that must be accepted (NaN data, -1 indices) are compared with the float64 reference in
+test_conformance.py and test_reference.py; here only errors, and the shapes of zero rows.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+
+from graphattn.backends import builtin_backends, get_backend_class
+from graphattn.common import CapturedBufferGrowthError, current_platform
+from graphattn.common import validation
+from graphattn.graphs import GraphRunner
+
+DTYPE = torch.float16  # the Triton interpreter's dtype on the CPU
+DEVICE = current_platform().device
+HEADS, TOPK, POOL, ROWS = 8, 16, 64, 3
+BACKENDS = builtin_backends()
+
+
+def expect(exc: type[BaseException], *words: str, who: str = ""):
+    """``pytest.raises(exc)`` whose message must contain every word (regex-escaped)."""
+    pattern = "".join(f"(?=[\\s\\S]*{re.escape(w)})" for w in words)
+    if who:
+        return _Labelled(exc, pattern, who)
+    return pytest.raises(exc, match=pattern or None)
+
+
+class _Labelled:
+    """``pytest.raises`` that names the backend when nothing (or something else) is raised."""
+
+    def __init__(self, exc, pattern, who):
+        self.exc, self.pattern, self.who = exc, pattern, who
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, value, tb):
+        assert typ is not None, f"backend '{self.who}': expected {self.exc.__name__}, nothing raised"
+        assert issubclass(typ, self.exc), (
+            f"backend '{self.who}': expected {self.exc.__name__}, got {typ.__name__}: {value}")
+        assert re.search(self.pattern, str(value)), (
+            f"backend '{self.who}': the {typ.__name__} message does not name the argument "
+            f"({self.pattern}): {value}")
+        return True
+
+
+def make(name: str, **kw):
+    return get_backend_class(name)(HEADS, TOPK, DTYPE, **kw)
+
+
+def q_rows(rows: int, heads: int = HEADS, dtype=DTYPE) -> torch.Tensor:
+    return torch.randn(rows, heads, 576).to(dtype).to(DEVICE)
+
+
+def indices(rows: int, topk: int = TOPK) -> torch.Tensor:
+    idx = torch.argsort(torch.rand(rows, POOL), dim=1)[:, :topk]  # distinct per row
+    return idx.to(torch.int32).to(DEVICE)
+
+
+def kv_pool(tokens: int = POOL, width: int = 576) -> torch.Tensor:
+    return torch.randn(tokens, width).to(DTYPE).to(DEVICE)
+
+
+def planned(name: str, rows: int = ROWS):
+    backend = make(name)
+    md = backend.make_metadata(8)
+    backend.plan(md, indices(rows))
+    return backend, md
+
+
+# -- constructors and make_metadata ---------------------------------------------------------
+CONSTRUCTOR_CASES = [
+    (dict(num_heads=0), ValueError, "num_heads"),
+    (dict(num_heads=2.5), TypeError, "num_heads"),
+    (dict(num_heads="16"), TypeError, "num_heads"),
+    (dict(topk=0), ValueError, "topk"),
+    (dict(topk=True), TypeError, "topk"),
+    (dict(dtype="bfloat16"), TypeError, "dtype"),
+    (dict(dtype=torch.int8), ValueError, "dtype"),
+    (dict(sm_scale=float("nan")), ValueError, "sm_scale"),
+    (dict(sm_scale=math.inf), ValueError, "sm_scale"),
+    (dict(sm_scale=0.0), ValueError, "sm_scale"),
+    (dict(sm_scale=-0.1), ValueError, "sm_scale"),
+    (dict(sm_scale="0.1"), TypeError, "sm_scale"),
+    (dict(kv_dtype="fp4"), ValueError, "kv_dtype"),
+    (dict(platform="cpu"), TypeError, "platform"),
+]
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("kwargs,exc,word", CONSTRUCTOR_CASES, ids=lambda v: str(v) if isinstance(v, dict) else None)
+def test_constructor(name, kwargs, exc, word):
+    args = dict(num_heads=HEADS, topk=TOPK, dtype=DTYPE) | kwargs
+    with expect(exc, word, who=name):
+        get_backend_class(name)(**args)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("max_rows,exc", [(0, ValueError), (-4, ValueError), (2.0, TypeError), (True, TypeError)])
+def test_make_metadata(name, max_rows, exc):
+    with expect(exc, "max_rows", who=name):
+        make(name).make_metadata(max_rows)
+
+
+# -- plan -----------------------------------------------------------------------------------
+def _other_topk_metadata(name):
+    return get_backend_class(name)(HEADS, TOPK * 2, DTYPE).make_metadata(4)
+
+
+PLAN_CASES = {
+    "int64 indices": (lambda b, md: b.plan(md, indices(2).long()), ValueError, ["indices", "int32"]),
+    "list indices": (lambda b, md: b.plan(md, [[0] * TOPK]), TypeError, ["indices"]),
+    "1-D indices": (lambda b, md: b.plan(md, indices(1)[0]), ValueError, ["indices", f"topk={TOPK}"]),
+    "wrong topk": (lambda b, md: b.plan(md, indices(2, TOPK - 1)), ValueError, ["indices", f"topk={TOPK}"]),
+    "meta indices": (lambda b, md: b.plan(md, torch.zeros(2, TOPK, dtype=torch.int32, device="meta")),
+                     ValueError, ["indices", "meta"]),
+    "pad_to < rows": (lambda b, md: b.plan(md, indices(3), pad_to=2), ValueError, ["pad_to", ">= 3"]),
+    "negative pad_to": (lambda b, md: b.plan(md, indices(0), pad_to=-1), ValueError, ["pad_to"]),
+    "float pad_to": (lambda b, md: b.plan(md, indices(2), pad_to=4.0), TypeError, ["pad_to"]),
+    "metadata None": (lambda b, md: b.plan(None, indices(2)), TypeError, ["metadata", "make_metadata"]),
+    "other top-k": (lambda b, md: b.plan(_other_topk_metadata(b.name), indices(2, TOPK * 2)),
+                    ValueError, ["metadata", "make_metadata"]),
+    "index < -1": (lambda b, md: b.plan(md, _with(indices(3), 1, 4, -7), check_indices=True),
+                   IndexError, ["row 1", "-7"]),
+    "index >= pool": (lambda b, md: b.plan(md, _with(indices(3), 2, 0, POOL), check_indices=True, pool_tokens=POOL),
+                      IndexError, ["row 2", str(POOL)]),
+    "pool_tokens 0": (lambda b, md: b.plan(md, indices(1), check_indices=True, pool_tokens=0),
+                      ValueError, ["pool_tokens"]),
+}
+
+
+def _with(idx: torch.Tensor, row: int, col: int, value: int) -> torch.Tensor:
+    idx[row, col] = value
+    return idx
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("case", list(PLAN_CASES))
+def test_plan(name, case):
+    call, exc, words = PLAN_CASES[case]
+    backend = make(name)
+    md = backend.make_metadata(4)
+    with expect(exc, *words, who=name):
+        call(backend, md)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_check_indices_deferred_to_forward_and_minus_one_allowed(name):
+    backend, md = make(name), None
+    md = backend.make_metadata(4)
+    ok = _with(indices(2), 0, 3, -1)
+    backend.plan(md, ok, check_indices=True, pool_tokens=POOL)  # -1 is allowed
+    backend.plan(md, _with(indices(2), 1, 5, POOL + 3), check_indices=True)  # the pool is not known yet
+    with expect(IndexError, "row 1", str(POOL + 3), "fix", who=name):
+        backend.forward(q_rows(2), kv_pool(), md)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_check_indices_switch_read_at_import(name, monkeypatch):
+    backend = make(name)
+    md = backend.make_metadata(4)
+    bad = _with(indices(2), 0, 0, -5)
+    monkeypatch.setenv(validation.CHECK_INDICES_ENV, "1")
+    monkeypatch.setattr(validation, "_CHECK_INDICES", validation._read_check_indices())
+    with expect(IndexError, "row 0", "-5", who=name):
+        backend.plan(md, bad)
+    backend.plan(md, bad, check_indices=False)  # an explicit False wins
+    monkeypatch.setenv(validation.CHECK_INDICES_ENV, "maybe")
+    monkeypatch.setattr(validation, "_CHECK_INDICES", validation._read_check_indices())
+    with expect(ValueError, validation.CHECK_INDICES_ENV, "maybe", who=name):
+        backend.plan(md, indices(2))
+
+
+def test_captured_metadata_cannot_grow():
+    backend = make("torch")
+    md = backend.make_metadata(2)
+    runner = GraphRunner(lambda q: backend.forward(q, kv_pool(), md), {"q": q_rows(2)}, metadata=md, buckets=[2])
+    runner.capture()
+    backend.plan(md, indices(3))  # an oversized eager step: temporaries, captured storage kept
+    assert md.oversized
+    with expect(CapturedBufferGrowthError, "indices", "make_metadata"):
+        md.reserve(3)
+
+
+# -- forward (eager), out= ------------------------------------------------------------------
+def _q_noncontiguous():
+    return q_rows(ROWS).transpose(1, 2).contiguous().transpose(1, 2)[..., :576]  # last-dim stride != 1
+
+
+FORWARD_CASES = {
+    "q float32": (lambda: (q_rows(ROWS, dtype=torch.float32), kv_pool()), ValueError, ["q", "float16"]),
+    "q int8": (lambda: (q_rows(ROWS).to(torch.int8), kv_pool()), ValueError, ["q", "int8"]),
+    "q one head": (lambda: (q_rows(ROWS, heads=1), kv_pool()), ValueError, ["q", f"{HEADS}, 576"]),
+    "q 2-D": (lambda: (q_rows(ROWS)[:, 0], kv_pool()), ValueError, ["q", f"{HEADS}, 576"]),
+    "q head dim 512": (lambda: (q_rows(ROWS)[..., :512].contiguous(), kv_pool()), ValueError, ["q", "576"]),
+    "q a list": (lambda: ([[0.0]], kv_pool()), TypeError, ["q", "tensor"]),
+    "kv width 512": (lambda: (q_rows(ROWS), kv_pool(width=512)), ValueError, ["kv", "576"]),
+    "kv float32": (lambda: (q_rows(ROWS), kv_pool().float()), ValueError, ["kv", "float32"]),
+    "kv empty pool": (lambda: (q_rows(ROWS), kv_pool(tokens=0)), ValueError, ["kv", "empty pool"]),
+    "q on meta": (lambda: (q_rows(ROWS).to("meta"), kv_pool()), ValueError, ["q", "meta"]),
+    "q and kv on meta": (lambda: (q_rows(ROWS).to("meta"), kv_pool().to("meta")), ValueError, ["meta"]),
+    "more rows than planned": (lambda: (q_rows(ROWS + 1), kv_pool()), ValueError,
+                               ["4 rows", f"wrote {ROWS} rows", "plan("]),
+}
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("case", list(FORWARD_CASES))
+def test_forward(name, case):
+    make_args, exc, words = FORWARD_CASES[case]
+    backend, md = planned(name)
+    q, kv = make_args()
+    with expect(exc, *words, who=name):
+        backend.forward(q, kv, md)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_forward_noncontiguous_last_dim(name):
+    backend, md = planned(name)
+    q = torch.randn(ROWS, HEADS, 2 * 576).to(DTYPE).to(DEVICE)[..., ::2]
+    if not backend.unit_stride_only:  # the torch backend reads any strides
+        backend.forward(q, kv_pool(), md)
+        return
+    with expect(ValueError, "stride", "contiguous", who=name):
+        backend.forward(q, kv_pool(), md)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_forward_before_any_plan(name):
+    backend = make(name)
+    md = backend.make_metadata(4)
+    with expect(ValueError, "plan() has not been called", "backend.plan(metadata, indices)", who=name):
+        backend.forward(q_rows(2), kv_pool(), md)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_forward_with_metadata_of_another_configuration(name):
+    backend, _ = planned(name)
+    other = get_backend_class(name)(HEADS, TOPK * 2, DTYPE)
+    md = other.make_metadata(4)
+    other.plan(md, indices(ROWS, TOPK * 2))
+    with expect(ValueError, "metadata", "make_metadata", who=name):
+        backend.forward(q_rows(ROWS), kv_pool(), md)
+    with expect(TypeError, "metadata", who=name):
+        backend.forward(q_rows(ROWS), kv_pool(), object())
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("bad", ["shape", "dtype", "lse dtype", "not a pair", "non-contiguous"])
+def test_forward_out(name, bad):
+    backend, md = planned(name)
+    out = torch.empty(ROWS, HEADS, 512, dtype=DTYPE, device=DEVICE)
+    lse = torch.empty(ROWS, HEADS, dtype=torch.float32, device=DEVICE)
+    given = {
+        "shape": (out[:1], lse[:1]),
+        "dtype": (out.float(), lse),
+        "lse dtype": (out, lse.half()),
+        "not a pair": out,
+        "non-contiguous": (torch.empty(ROWS, 512, HEADS, dtype=DTYPE, device=DEVICE).transpose(1, 2), lse),
+    }[bad]
+    with expect(ValueError, "out must be", "contiguous", who=name):
+        backend.forward(q_rows(ROWS), kv_pool(), md, out=given)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_zero_rows_are_a_valid_step(name):
+    backend = make(name)
+    md = backend.make_metadata(4)
+    backend.plan(md, indices(0))
+    out, lse = backend.forward(q_rows(0), kv_pool(), md)
+    assert out.shape == (0, HEADS, 512) and lse.shape == (0, HEADS), f"backend '{name}': {out.shape}, {lse.shape}"
+
+
+# -- the custom ops -------------------------------------------------------------------------
+def _op_args(op: str, **over):
+    """Valid arguments of ``torch.ops.graphattn.<op>`` (64 heads: flashmla's pad multiple on the
+    CPU is at most that), with ``over`` replacing some."""
+    heads, rows = 64, 2
+    from graphattn.common.metadata import GraphMetadata
+    from graphattn.kernels import split_plan
+
+    kernel = {"sparse_mla_flashmla": "flashmla", "sparse_mla_trtllm": "trtllm", "sparse_mla_mega": "mega"}[op]
+    plan = split_plan(kernel, heads, TOPK)
+    md = GraphMetadata(rows, heads, TOPK, DTYPE, DEVICE, **plan.metadata_kwargs())
+    args = dict(q=q_rows(rows, heads=heads), kv=kv_pool(), indices=indices(rows), sm_scale=576 ** -0.5)
+    if kernel == "trtllm":
+        args["counter"] = md.counter_for(rows)
+    if kernel != "mega":
+        args["ws_out"], args["ws_lse"] = md.workspace_for(rows)
+    return args | over
+
+
+OPS = ["sparse_mla_flashmla", "sparse_mla_trtllm", "sparse_mla_mega"]
+OP_CASES = {
+    "int64 indices": (lambda: dict(indices=indices(2).long()), TypeError, ["indices", "int32"]),
+    "indices rows": (lambda: dict(indices=indices(3)), ValueError, ["indices", "rows=2"]),
+    "q float32": (lambda: dict(q=q_rows(2, heads=64, dtype=torch.float32)), TypeError, ["q", "float32"]),
+    "kv width 512": (lambda: dict(kv=kv_pool(width=512)), ValueError, ["kv", "576"]),
+    "kv dtype": (lambda: dict(kv=kv_pool().float()), TypeError, ["kv", "float32"]),
+    "kv empty pool": (lambda: dict(kv=kv_pool(tokens=0)), ValueError, ["pool_tokens", ">= 1"]),
+    "sm_scale nan": (lambda: dict(sm_scale=float("nan")), ValueError, ["sm_scale"]),
+    "sm_scale 0": (lambda: dict(sm_scale=0.0), ValueError, ["sm_scale"]),
+    "q last dim strided": (lambda: dict(q=torch.randn(2, 64, 1152).to(DTYPE)[..., ::2]), ValueError, ["q", "stride"]),
+}
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("case", list(OP_CASES))
+def test_custom_op(op, case):
+    over, exc, words = OP_CASES[case]
+    with expect(exc, *words, who=op):
+        getattr(torch.ops.graphattn, op)(**_op_args(op, **over()))
+
+
+@pytest.mark.parametrize("op", ["sparse_mla_flashmla", "sparse_mla_trtllm"])
+def test_custom_op_workspace(op):
+    args = _op_args(op)
+    with expect(TypeError, "workspace", "float32", who=op):
+        getattr(torch.ops.graphattn, op)(**args | dict(ws_out=args["ws_out"].half()))
+    if op == "sparse_mla_trtllm":
+        with expect(TypeError, "counter", "int32", who=op):
+            torch.ops.graphattn.sparse_mla_trtllm(**args | dict(counter=args["counter"].long()))
+
+
+def test_flashmla_op_needs_padded_heads():
+    pad = current_platform().head_pad_multiple
+    if pad == 1:
+        pytest.skip("this platform pads to a multiple of 1: every head count is accepted")
+    args = _op_args("sparse_mla_flashmla")
+    with expect(ValueError, "heads", f"multiple of {pad}", "zero_padded_q"):
+        torch.ops.graphattn.sparse_mla_flashmla(**args | dict(q=args["q"][:, :pad - 1]))
