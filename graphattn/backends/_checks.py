@@ -131,20 +131,25 @@ class BackendChecks:
         """Raise ``ValueError`` unless ``q [rows, num_heads, 576]`` has this backend's dtype and
         kv its layout: ``[pool, 576]`` in that dtype, or ``[pool, 656]`` uint8 with
         ``kv_dtype="fp8"``. Reads only Python attributes, so it is free inside a capture."""
+        fp8 = self.kv_fp8
+        width, kv_dt = (TOKEN_BYTES, torch.uint8) if fp8 else (D_QK, self.dtype)
+        qs, ks = q.shape, kv.shape
+        # One comparison chain on the hot path; the messages are built only when it fails.
+        if (len(qs) == 3 and qs[1] == self.num_heads and qs[2] == D_QK and q.dtype == self.dtype
+                and len(ks) == 2 and ks[1] == width and kv.dtype == kv_dt and ks[0] >= 1):
+            if fp8:
+                check_fp8_kv(self.name, kv)
+            return
         expected = (self.num_heads, D_QK)
         if q.dim() != 3 or tuple(q.shape[1:]) != expected or q.dtype != self.dtype:
             raise ValueError(
                 f"{self.name}: expected q [rows, {expected[0]}, {expected[1]}] {self.dtype}, "
                 f"got {tuple(q.shape)} {q.dtype}"
             )
-        width, kv_dt = (TOKEN_BYTES, torch.uint8) if self.kv_fp8 else (D_QK, self.dtype)
         if kv.dim() != 2 or kv.shape[1] != width or kv.dtype != kv_dt:
             raise ValueError(
                 f"{self.name}: expected kv [pool, {width}] {kv_dt} (kv_dtype={self.kv_dtype}), got "
                 f"{tuple(kv.shape)} {kv.dtype}; the backend was made for kv_dtype={self.kv_dtype!r}"
             )
-        if kv.shape[0] < 1:
-            raise ValueError(f"{self.name}: kv is an empty pool {tuple(kv.shape)}: expected at least "
-                             "one token; pass the KV cache the indices point into")
-        if self.kv_fp8:
-            check_fp8_kv(self.name, kv)
+        raise ValueError(f"{self.name}: kv is an empty pool {tuple(kv.shape)}: expected at least "
+                         "one token; pass the KV cache the indices point into")
