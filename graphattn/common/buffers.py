@@ -12,7 +12,7 @@ uses must never be replaced. This class makes that a property of the type:
 from __future__ import annotations
 
 import enum
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -29,6 +29,32 @@ def storage_epoch() -> int:
     before capture). Objects that keep views of buffers across calls (bound launch calls)
     compare it to know their views are still the live storage."""
     return _storage_epoch
+
+
+class PaddingRows:
+    """Which leading rows of a padded table may hold live data, so that padding rows are filled
+    only where an earlier, larger step wrote: a steady batch size then costs one copy per step,
+    not a copy and a fill.
+
+    Every row at or past :attr:`rows` of :attr:`storage` holds the pad value (from allocation or
+    an earlier fill). Another storage (the table grew) starts clean: it was filled when allocated.
+    """
+
+    __slots__ = ("rows", "storage")
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.storage: Any = None
+
+    def pad(self, live: int, stop: int, fill: Callable[[int, int], None], storage: Any = None) -> None:
+        """Rows ``[0, live)`` may hold live data (they were just written, or are left as they
+        were); make rows ``[live, stop)`` hold the pad value, calling ``fill(start, end)`` for the
+        part an earlier step may have written, and record it."""
+        dirty = self.rows if storage is self.storage else 0
+        if dirty > live:
+            fill(live, min(stop, dirty))
+        self.rows = dirty if dirty > stop else live
+        self.storage = storage
 
 
 class OverflowPolicy(str, enum.Enum):

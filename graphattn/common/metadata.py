@@ -21,7 +21,7 @@ from typing import Any, Callable, Hashable, Iterator
 
 import torch
 
-from .buffers import GrowOnlyBuffer, OverflowPolicy, storage_epoch
+from .buffers import GrowOnlyBuffer, OverflowPolicy, PaddingRows, storage_epoch
 from .capture import is_capturing
 from .errors import CaptureCapacityError
 from .platform import indexed_device
@@ -102,8 +102,7 @@ class GraphMetadata:
         self._ws_views: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._q_heads: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # rows -> (q_pad rows, real heads)
         self._bound: dict[Hashable, Any] = {}
-        self._dirty_storage: torch.Tensor | None = None  # the index table _dirty_rows describes
-        self._dirty_rows = 0
+        self._padding = PaddingRows()  # index-table rows a step may have written
         self._bound_epoch = storage_epoch()
         # The oversized step's temporary index table ([num_planned_rows, topk] int32), or None.
         self._oversized: torch.Tensor | None = None
@@ -316,18 +315,11 @@ class GraphMetadata:
             return
         self._oversized = None
         table = self.indices.view(rows)
-        # Rows at or past ``_dirty_rows`` of this storage still hold -1 (from allocation or an
-        # earlier fill), so padding rows are filled only where a larger step wrote before: a
-        # steady batch size costs one copy per step, not a copy and a fill.
-        dirty = self._dirty_rows if self._dirty_storage is self.indices.tensor else 0
         if rows == n:
             table.copy_(indices)
         else:
             table[:n].copy_(indices)
-            if dirty > n:
-                table[n:min(rows, dirty)].fill_(-1)
-        self._dirty_storage = self.indices.tensor
-        self._dirty_rows = max(n, dirty) if dirty > rows else n
+        self._padding.pad(n, rows, self._fill_indices, self.indices.tensor)
         self.num_rows = n
         self.num_planned_rows = rows
         self._planned = True
@@ -426,15 +418,14 @@ class GraphMetadata:
             )
         if rows <= planned:
             return
-        padded = self.indices.view(rows)
-        dirty = self._dirty_rows if self._dirty_storage is self.indices.tensor else 0
-        if dirty > planned:
-            padded[planned:min(rows, dirty)].fill_(-1)
-        self._dirty_storage = self.indices.tensor
-        self._dirty_rows = dirty if dirty > rows else min(dirty, planned)
+        self.indices.view(rows)  # grows the table before capture, as refresh_ does
+        self._padding.pad(planned, rows, self._fill_indices, self.indices.tensor)
         self.num_planned_rows = rows
         if not self._pending_index_check:
             self.checked_rows = rows
+
+    def _fill_indices(self, start: int, stop: int) -> None:
+        self.indices.view(stop)[start:stop].fill_(-1)
 
     def _refresh_oversized(self, indices: torch.Tensor, rows: int) -> None:
         """Write an oversized step into a temporary table; the captured one is left untouched

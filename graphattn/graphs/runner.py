@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import torch
 from torch.utils._pytree import tree_map
 
+from ..common.buffers import PaddingRows
 from ..common.platform import Platform, current_platform
 from ..common.validation import is_int
 from .breakable import BreakableGraph
@@ -152,11 +153,10 @@ class GraphRunner:
         self.pool: Any = None
         # Per-step host work kept small (an engine calls run() every decode step): row views of
         # the static inputs and of each bucket's outputs are made once per row count, and
-        # padding rows are refilled only where an earlier, larger step wrote live rows (every
-        # static row at or past ``_dirty_rows`` holds its pad value).
+        # padding rows are refilled only where an earlier, larger step wrote live rows.
         self._row_views: dict[int, list[tuple[torch.Tensor, str]]] = {}
         self._out_views: dict[tuple[int, int], Any] = {}
-        self._dirty_rows = 0
+        self._padding = PaddingRows()
         # What run() compares each live input with: (all dims but the rows, dtype, device).
         self._expected = {n: (t.dim(), t.shape[1:], t.dtype, t.device) for n, t in self.static.items()}
         # A GraphMetadata checks that its plan covers a replay (duck-typed: any metadata may).
@@ -296,10 +296,7 @@ class GraphRunner:
             views = self._row_views[rows] = [(t.narrow(0, 0, rows), n) for n, t in self.static.items()]
         for view, name in views:
             view.copy_(live[name])
-        dirty = self._dirty_rows
-        if dirty > rows:
-            self._pad(rows, min(bucket, dirty))
-        self._dirty_rows = rows if dirty <= bucket else dirty
+        self._padding.pad(rows, bucket, self._pad)
         out = self.graphs[bucket].replay()
         if rows == bucket:
             return out

@@ -104,7 +104,7 @@ class _Triton:
         """``(entry, cooperative, pdl)``: the C entry point behind an NVIDIA ``CudaLauncher``
         with no scratch memory to allocate, and its fixed launch flags; ``None`` where the
         wrapper must run (other versions, AMD, kernels with scratch memory)."""
-        if not getattr(cls, "raw_ok", False) or type(launcher).__name__ != "CudaLauncher":
+        if not cls.raw_ok or type(launcher).__name__ != "CudaLauncher":
             return None
         if getattr(launcher, "global_scratch_size", 1) or getattr(launcher, "profile_scratch_size", 1):
             return None
@@ -183,21 +183,15 @@ class Launch:
             # Triton 3.6's CudaLauncher.__call__ only adds (no) scratch buffers and its launch
             # flags: (grid, stream, function, cooperative, pdl, scratch x2, packed, ...).
             entry, coop, pdl = raw
-
-            def launch_raw(*a: Any) -> None:
-                if hooks_active():
-                    self(*a)
-                else:
-                    entry(g0, g1, g2, stream(device), function, coop, pdl, None, None, packed,
-                          None, None, None, *a, *tail)
-
-            return launch_raw
+            middle: tuple[Any, ...] = (coop, pdl, None, None, packed, None, None, None)
+        else:
+            entry, middle = launcher, (packed, None, None, None)
 
         def launch(*a: Any) -> None:
-            if hooks_active():
+            if hooks_active():  # a profiler wants to see the launch: Triton's own path
                 self(*a)
             else:
-                launcher(g0, g1, g2, stream(device), function, packed, None, None, None, *a, *tail)
+                entry(g0, g1, g2, stream(device), function, *middle, *a, *tail)
 
         return launch
 
