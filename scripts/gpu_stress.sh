@@ -31,7 +31,10 @@ while [ "$done_ops" -lt "$ops" ]; do
     python3 -m graphattn.testing.stress --backends "$b" --modes $modes --ops "$n" --seed "$seed" \
       --time-limit "${STRESS_TIME:-0}" ${STRESS_ARGS:-} --json "$OUT/stress_${b}_${seed}.json" \
       >"$OUT/stress_${b}_${seed}.log" 2>&1 || status=1
-    grep -E "^\| $b |^    " "$OUT/stress_${b}_${seed}.log" | head -12
+    # The log prints each row as it finishes and again in its final table: show the table's.
+    # shellcheck disable=SC2086
+    grep -E "^\| $b " "$OUT/stress_${b}_${seed}.log" | tail -n "$(set -- $modes; echo $#)"
+    grep -E "^    " "$OUT/stress_${b}_${seed}.log" | head -8
   done
   done_ops=$(( done_ops + n ))
   seed=$(( seed + 1 ))

@@ -171,11 +171,19 @@ class ModeBench:
         qs = self.make_q(rows, gen)
         idx = [self._indices(rows, self.wl.seed + 100 + rows + i) for i in range(2)]
         # At least `warmup` steps and WARMUP_S seconds: an idle GPU needs time to reach its
-        # clocks, and the first point would otherwise be measured slow.
-        i, t_end = 0, time.perf_counter() + (WARMUP_S if self.platform.has_gpu else 0.0)
-        while i < warmup or time.perf_counter() < t_end:
+        # clocks, and the first point would otherwise be measured slow. The count is fixed
+        # before the steps run (from the first `warmup` of them), so that every rank of a
+        # tensor-parallel run makes the same number of collectives.
+        t0 = time.perf_counter()
+        for i in range(warmup):
             self.run(qs, idx[i % 2])
-            i += 1
+        more = 0
+        if self.platform.has_gpu:
+            self.platform.synchronize()
+            per_step = (time.perf_counter() - t0) / max(warmup, 1)
+            more = int(max(WARMUP_S - (time.perf_counter() - t0), 0.0) / max(per_step, 1e-6))
+        for i in range(warmup, warmup + self.agree_steps(more)):
+            self.run(qs, idx[i % 2])
         samples, done = [], 0
         while done < iters:
             n = min(window, iters - done)
@@ -187,6 +195,10 @@ class ModeBench:
             samples.append((time.perf_counter() - t0) / n)
             done += n
         return samples
+
+    def agree_steps(self, steps: int) -> int:
+        """How many more warm-up steps to run, given this process's wish (one process: it)."""
+        return steps
 
     def check(self, rows: int) -> dict[str, Any]:
         """Compare the first and last measured layers' output (first rows) with the reference."""

@@ -123,6 +123,13 @@ class TPModeBench(ModeBench):
         dist.barrier()
         return super().time_step(rows, iters, warmup, window)
 
+    def agree_steps(self, steps: int) -> int:
+        """The most warm-up steps any rank wants: every rank runs that many, so that their
+        collectives stay paired (a time-based count differs between ranks and hangs NCCL)."""
+        n = torch.tensor([steps], dtype=torch.int64, device=self.platform.device)
+        dist.all_reduce(n, op=dist.ReduceOp.MAX)
+        return int(n.item())
+
     def check(self, rows: int) -> dict[str, Any]:
         """This rank's attention and all-reduced projection (first and last measured layers,
         first rows) against the float64 reference, and the projection against one backend
