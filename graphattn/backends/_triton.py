@@ -106,9 +106,11 @@ class TritonBackend(AttentionBackend):
         if out is not None:
             self.check_out(q, out)
         index = q.get_device()
-        if index >= 0 and index != current_gpu_index():
+        if index >= 0 and not torch.compiler.is_compiling() and index != current_gpu_index():
             # Triton launches on the current device and its stream, and the bound call's
             # launchers are keyed by it: make q's device current (only when it is not already).
+            # Under torch.compile the custom op does this itself when it runs (dynamo cannot
+            # trace the device query, so it is only asked here in eager mode).
             with torch.cuda.device(index):
                 return self.forward(q, kv, metadata, out)
         q_in = metadata.zero_padded_q(q) if self._pads else q  # [rows, kernel heads, 576]
