@@ -260,7 +260,7 @@ class LaunchPlan:
 
     Attributes:
         spec: the kernel path.
-        rows, heads, topk: the shape planned (heads as the kernel sees them, i.e. padded).
+        rows, heads, topk: the shape planned (heads: q's, unpadded).
         splits: split-KV partials per row (1: the first launch writes ``out``/``lse`` directly).
         split_len: indices per split (a multiple of the KV tile).
         head_blocks: programs per (row, split).
