@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from graphattn.backends import GraphSupport, builtin_backends, get_backend_class
-from graphattn.common import CapturedBufferGrowthError, current_platform, sparse_mla_reference
+from graphattn.common import CapturedBufferGrowthError, GraphMetadata, current_platform, sparse_mla_reference
 from graphattn.graphs import GraphRunner
 
 DTYPE = torch.float16  # the Triton interpreter's dtype on the CPU
@@ -53,9 +53,9 @@ def test_refused_configuration_raises_with_reasons():
 
 
 def test_metadata_layout_follows_capabilities():
-    pad = current_platform().head_pad_multiple
     md = make("flashmla").make_metadata(5)
-    assert md.q_pad.tensor.shape == (5, pad, 576) and md.counter is None and md.workspace_out is not None
+    assert md.q_pad is None and md.counter is None, "flashmla: q is read unpadded, no counter"
+    assert md.workspace_out.tensor.shape[1:] == (HEADS, 512), "flashmla: workspace partials of the real heads"
     md = make("trtllm").make_metadata(5)
     assert md.q_pad is None and md.counter.tensor.dtype == torch.int32 and md.workspace_out is not None
     for name in ("flashmla_mega", "torch"):
@@ -64,16 +64,25 @@ def test_metadata_layout_follows_capabilities():
         assert md.indices.tensor.shape == (5, TOPK)
 
 
-def test_flashmla_pads_and_slices_back():
-    backend = make("flashmla", heads=4, topk=8)
+@pytest.mark.parametrize("heads", [1, 4, 16])
+def test_flashmla_reads_q_unpadded_and_writes_outputs_whole(heads):
+    """No q-pad copy, no narrowed views: the kernel takes q [rows, H, 576] and writes contiguous
+    [rows, H] outputs, into given ones directly."""
+    backend = make("flashmla", heads=heads, topk=8)
+    assert backend.padded_heads is None and not backend.pads_q, "flashmla: pads q"
     md = backend.make_metadata(2)
-    q, idx = inputs(2, heads=4, topk=8)
+    q, idx = inputs(2, heads=heads, topk=8)
     backend.plan(md, idx)
     out, lse = backend.forward(q, kv_pool(), md)
-    assert out.shape == (2, 4, 512) and lse.shape == (2, 4)
-    assert torch.count_nonzero(md.q_pad.tensor[:, 4:]) == 0, "q padding heads must stay zero"
-    ref_out, _ = sparse_mla_reference(q, kv_pool(), idx, backend.sm_scale)
-    torch.testing.assert_close(out.double(), ref_out, atol=4e-3, rtol=4e-3)
+    assert out.shape == (2, heads, 512) and lse.shape == (2, heads), f"flashmla: {out.shape} {lse.shape}"
+    assert out.is_contiguous() and lse.is_contiguous(), "flashmla: outputs are views of padded ones"
+    given = (torch.full_like(out, float("nan")), torch.full_like(lse, float("nan")))
+    res = backend.forward(q, kv_pool(), md, out=given)
+    assert res[0] is given[0] and res[1] is given[1], "flashmla: did not return the given outputs"
+    ref_out, ref_lse = sparse_mla_reference(q, kv_pool(), idx, backend.sm_scale)
+    for o, lse_ in ((out, lse), given):
+        torch.testing.assert_close(o.double(), ref_out, atol=4e-3, rtol=4e-3, msg=lambda m: f"flashmla out: {m}")
+        torch.testing.assert_close(lse_.double(), ref_lse, atol=1e-3, rtol=1e-4, msg=lambda m: f"flashmla lse: {m}")
 
 
 def _capture(backend, md, rows: int) -> GraphRunner:
@@ -88,7 +97,8 @@ def _capture(backend, md, rows: int) -> GraphRunner:
 def test_oversized_eager_call_after_capture_follows_each_rule():
     # After capture, a step beyond the reserved rows runs on temporaries (tests/test_oversized.py
     # checks the numbers); the buffers themselves keep their rules: the counter is TEMPORARY,
-    # the q-pad buffer is RAISE when asked directly, and neither is ever replaced.
+    # a q-pad buffer (no built-in backend pads q any more: GraphMetadata(padded_heads=...)) is
+    # RAISE when asked directly, and neither is ever replaced.
     trt = make("trtllm")
     md = trt.make_metadata(2)
     runner = _capture(trt, md, 2)
@@ -97,9 +107,9 @@ def test_oversized_eager_call_after_capture_follows_each_rule():
     trt.plan(md, idx)  # oversized: a temporary index table
     assert md.oversized and md.num_planned_rows == 3
     assert md.counter.data_ptr() == counter_ptr
-    fm = make("flashmla")
-    md = fm.make_metadata(2)
-    _capture(fm, md, 2)
+    md = GraphMetadata(2, HEADS, TOPK, DTYPE, DEVICE, padded_heads=16)
+    md.zero_padded_q(inputs(2)[0])
+    md.mark_captured()
     with pytest.raises(CapturedBufferGrowthError, match="'q_pad'"):
         md.zero_padded_q(q)  # no oversized step planned: the q-pad rule refuses the growth
     with pytest.raises(CapturedBufferGrowthError, match="'q_pad'"):

@@ -282,12 +282,12 @@ def test_zero_rows_are_a_valid_step(name):
 
 # -- the custom ops -------------------------------------------------------------------------
 def _op_args(op: str, **over):
-    """Valid arguments of ``torch.ops.graphattn.<op>`` (64 heads: flashmla's pad multiple on the
-    CPU is at most that), with ``over`` replacing some."""
+    """Valid arguments of ``torch.ops.graphattn.<op>`` (64 heads), with ``over`` replacing some."""
     heads, rows = 64, 2
     from graphattn.common.metadata import GraphMetadata
-    from graphattn.kernels import split_plan
+    from graphattn.kernels import register_ops, split_plan
 
+    register_ops()  # torch.ops.graphattn.* exist once the kernel modules are imported
     kernel = {"sparse_mla_flashmla": "flashmla", "sparse_mla_trtllm": "trtllm", "sparse_mla_mega": "mega"}[op]
     plan = split_plan(kernel, heads, TOPK)
     md = GraphMetadata(rows, heads, TOPK, DTYPE, DEVICE, **plan.metadata_kwargs())
@@ -331,10 +331,10 @@ def test_custom_op_workspace(op):
             torch.ops.graphattn.sparse_mla_trtllm(**args | dict(counter=args["counter"].long()))
 
 
-def test_flashmla_op_needs_padded_heads():
-    pad = current_platform().head_pad_multiple
-    if pad == 1:
-        pytest.skip("this platform pads to a multiple of 1: every head count is accepted")
-    args = _op_args("sparse_mla_flashmla")
-    with expect(ValueError, "heads", f"multiple of {pad}", "zero_padded_q"):
-        torch.ops.graphattn.sparse_mla_flashmla(**args | dict(q=args["q"][:, :pad - 1]))
+@pytest.mark.parametrize("op", ["sparse_mla_flashmla", "sparse_mla_trtllm"])
+def test_custom_op_refuses_a_workspace_with_fewer_heads_than_q(op):
+    # Any head count is accepted (flashmla reads q unpadded too), but the workspace holds the
+    # partials of every head q has.
+    args = _op_args(op)
+    with expect(ValueError, "workspace too small", "64 heads", "need >= 2 rows x 80 heads", who=op):
+        getattr(torch.ops.graphattn, op)(**args | dict(q=q_rows(2, heads=80)))

@@ -46,7 +46,7 @@ def test_list_json_reports_reasons(capsys):
     assert rows["torch"]["available"] and rows["torch"]["reasons"] == []
     assert not rows["flashmla"]["available"]
     assert "dtype float32 not in supported" in rows["flashmla"]["reasons"][0]
-    assert rows["flashmla"]["pads_q"] and rows["trtllm"]["uses_counter"]
+    assert not rows["flashmla"]["pads_q"] and rows["flashmla"]["uses_workspace"] and rows["trtllm"]["uses_counter"]
 
 
 def test_check_runs_the_suite_and_writes_junit(tmp_path):

@@ -83,14 +83,9 @@ def check_against_reference(path, q, kv, idx, sm_scale, out, lse, counter=None):
         assert int(counter.abs().sum()) == 0, f"{where} counter not reset: {counter.tolist()}"
 
 
-def heads_for(path, heads):
-    return 64 * math.ceil(heads / 64) if path == "flashmla" else heads
-
-
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("heads,topk", [(3, 37), (16, 64), (20, 50), (64, 90)])
 def test_matches_reference_fp16(path, heads, topk):
-    heads = heads_for(path, heads)
     q, kv, idx = make_inputs(3, heads, topk, pool=300, dtype=torch.float16)
     out, lse, counter = run_path(path, q, kv, idx, 0.07)
     check_against_reference(path, q, kv, idx, 0.07, out, lse, counter)
@@ -98,14 +93,14 @@ def test_matches_reference_fp16(path, heads, topk):
 
 @pytest.mark.parametrize("path", PATHS)
 def test_matches_reference_bf16_upcast(path):
-    q, kv, idx = make_inputs(2, heads_for(path, 24), 45, pool=128, dtype=torch.bfloat16)
+    q, kv, idx = make_inputs(2, 24, 45, pool=128, dtype=torch.bfloat16)
     out, lse, counter = run_path(path, q, kv, idx, 1 / math.sqrt(576))
     check_against_reference(path, q, kv, idx, 1 / math.sqrt(576), out, lse, counter)
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_all_invalid_row_gives_zero_and_minus_inf(path):
-    q, kv, idx = make_inputs(3, heads_for(path, 5), 40, pool=64, dtype=torch.float16)
+    q, kv, idx = make_inputs(3, 5, 40, pool=64, dtype=torch.float16)
     idx[1] = -1
     idx[2, ::2] = -1
     idx[2, 1::2] = 1 << 30  # far out of range: must not be read
@@ -116,9 +111,106 @@ def test_all_invalid_row_gives_zero_and_minus_inf(path):
     check_against_reference(path, q, kv, idx, 0.1, out, lse, counter)
 
 
+def unpadded_q(q, spare=3):
+    """``q`` as a head slice of a wider tensor whose other heads are NaN: a kernel that reads a
+    head outside ``[0, H)`` picks NaN up, and a store of one lands NaN in the output."""
+    rows, heads, dim = q.shape
+    wide = torch.full((rows, heads + 2 * spare, dim), float("nan"), dtype=q.dtype, device=q.device)
+    wide[:, spare:spare + heads] = q
+    return wide[:, spare:spare + heads]  # strides stay 16-byte multiples: every kernel may run
+
+
+SENTINEL = 1234.5  # workspace heads and output rows past what a launch may write
+
+
+def check_unpadded_flashmla(rows, heads, topk, pool, dtype, ws_splits=None, sm_scale=0.07):
+    """flashmla on unpadded q ``[rows, heads, 576]`` (a NaN-flanked view), indices with −1,
+    out-of-range, duplicates and (rows > 1) an all-invalid last row, against the reference.
+
+    Two launches: ``torch.ops.graphattn.sparse_mla_flashmla`` (exact-size outputs, NaN-poisoned
+    by ``torch.empty`` under ``_nan_poison``), and the same plan bound by ``bind_flashmla``
+    writing into the first ``rows`` rows of NaN-poisoned outputs followed by a SENTINEL row.
+    The workspace (``ws_splits`` splits per row, all the pool holds when ``None``; 0: one split
+    that writes the outputs directly) has SENTINEL heads past ``heads``. A store of a head
+    ``>= heads`` would change a SENTINEL; a read of one would bring NaN in.
+    """
+    from graphattn.kernels.flashmla import bind_flashmla, kernel_name, plan_flashmla
+    from graphattn.kernels.launch import aligned_16
+
+    q, kv, idx = make_inputs(rows, heads, topk, pool=pool, dtype=dtype)
+    q = unpadded_q(q)
+    if rows > 1:
+        idx[-1] = -1
+    sizes = split_plan("flashmla", heads, topk).metadata_kwargs() | {"workspace_heads": heads + 16}
+    md = GraphMetadata(rows, heads, topk, dtype, q.device, **sizes)
+    ws_out, ws_lse = md.workspace_for(rows, ws_splits)
+    ws_out.fill_(float("nan"))
+    ws_lse.fill_(float("nan"))
+    ws_out[:, :, heads:] = SENTINEL
+    ws_lse[:, :, heads:] = SENTINEL
+    path = f"flashmla ({kernel_name(q, kv, topk)}, {max(ws_out.shape[1], 1)} splits)"
+    out, lse = torch.ops.graphattn.sparse_mla_flashmla(q, kv, idx, sm_scale, ws_out, ws_lse)
+    assert tuple(out.shape) == (rows, heads, 512) and tuple(lse.shape) == (rows, heads), (
+        f"[{path}] outputs must be exactly [rows, H]: out {tuple(out.shape)}, lse {tuple(lse.shape)}")
+    big_out = torch.full((rows + 1, heads, 512), float("nan"), dtype=dtype, device=q.device)
+    big_lse = torch.full((rows + 1, heads), float("nan"), device=q.device)
+    big_out[rows], big_lse[rows] = SENTINEL, SENTINEL
+    launch = plan_flashmla(rows, heads, topk, ws_out.shape[1], aligned_16(q, kv))
+    bind_flashmla(launch, idx, sm_scale, ws_out, ws_lse)(q, kv, (big_out[:rows], big_lse[:rows]))
+    spare = (ws_out[:, :, heads:], ws_lse[:, :, heads:], big_out[rows], big_lse[rows])
+    assert all(torch.all(t == SENTINEL) for t in spare), f"[{path} heads={heads}] a store past head {heads}"
+    for what, (o, l) in (("op", (out, lse)), ("bound call", (big_out[:rows], big_lse[:rows]))):
+        where = f"{path} {what}"
+        if rows > 1:
+            assert torch.all(o[-1] == 0) and torch.all(l[-1] == float("-inf")), f"[{where}] all-invalid row"
+        assert not o.isnan().any() and not l.isnan().any(), f"[{where} heads={heads}] NaN in the outputs"
+        check_against_reference(where, q, kv, idx, sm_scale, o, l)
+
+
+@pytest.fixture(params=["interpreter tiles", "64-head blocks"])
+def flashmla_head_block(request):
+    """flashmla with the launch table's head block, and with sm_90's 64-head block (the Gluon
+    kernel's, which cannot run here) on the heads-major and tokens-major Triton tiles."""
+    from graphattn.kernels.launch import clear_launch_plans
+
+    if request.param == "interpreter tiles":
+        yield None
+        return
+    platform = current_platform()
+    if not platform.uses_triton_interpreter:
+        pytest.skip("a 64-head Triton tile is only forced under the interpreter")
+    clear_launch_plans()
+    with platform.launch_table.override("flashmla", BLOCK_H=64):
+        yield 64
+    clear_launch_plans()
+
+
+@pytest.mark.parametrize("heads", [1, 16, 20, 48, 64, 80])
+@pytest.mark.parametrize("splits", ["split", "direct"])
+def test_flashmla_reads_unpadded_q(flashmla_head_block, heads, splits):
+    check_unpadded_flashmla(3, heads, 45, pool=80, dtype=torch.float16, ws_splits=0 if splits == "direct" else None)
+
+
+def test_flashmla_op_at_16_heads_needs_no_padding():
+    """The op takes 16 heads as they are (no multiple of 64), eager and under fake tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    q, kv, idx = make_inputs(2, 16, 40, pool=64, dtype=torch.float16)
+    plan = split_plan("flashmla", 16, 40)
+    assert plan.workspace_heads == 16, f"flashmla: workspace sized for {plan.workspace_heads} heads"
+    md = GraphMetadata(2, 16, 40, q.dtype, q.device, **plan.metadata_kwargs())
+    ws = md.workspace_for(2)
+    out, lse = torch.ops.graphattn.sparse_mla_flashmla(q, kv, idx, 0.1, *ws)
+    check_against_reference("flashmla op", q, kv, idx, 0.1, out, lse)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = [mode.from_tensor(t) for t in (q, kv, idx, *ws)]
+        out, lse = torch.ops.graphattn.sparse_mla_flashmla(*fake[:3], 0.1, *fake[3:])
+        assert out.shape == (2, 16, 512) and lse.shape == (2, 16), f"flashmla fake: {out.shape} {lse.shape}"
+
+
 @pytest.mark.parametrize("path", ("flashmla", "trtllm"))
 def test_small_workspace_uses_fewer_splits(path):
-    heads = heads_for(path, 16)
+    heads = 16
     q, kv, idx = make_inputs(2, heads, 64, pool=100, dtype=torch.float16)
     ws_out = torch.full((2, 1, heads, 512), float("nan"), device=DEVICE)
     ws_lse = torch.full((2, 1, heads), float("nan"), device=DEVICE)
@@ -178,7 +270,6 @@ def _bad_input_cases():
         ("kv dim", lambda: sparse_mla_mega(q, kv[:, :512].contiguous(), idx, 0.1), ValueError, "pool_tokens, 576"),
         ("rows", lambda: sparse_mla_mega(q, kv, idx[:1], 0.1), ValueError, "rows=2"),
         ("stride", lambda: sparse_mla_mega(q, kv.t().contiguous().t(), idx, 0.1), ValueError, "contiguous last dim"),
-        ("pad", lambda: sparse_mla_flashmla(q[:, :20], kv, idx, 0.1, *ws), ValueError, "multiple of 64"),
         ("ws rows", lambda: sparse_mla_flashmla(q, kv, idx, 0.1, ws[0][:1], ws[1][:1]), ValueError, "too small"),
         ("ws dtype", lambda: sparse_mla_flashmla(q, kv, idx, 0.1, ws[0].half(), ws[1]), TypeError, "float32"),
         ("counter cols", lambda: sparse_mla_trtllm(q, kv, idx, 0.1, torch.zeros(2, 1, dtype=torch.int32), *ws),
@@ -213,7 +304,7 @@ def test_workspace_pool_gives_every_row_count_its_splits(monkeypatch, settings, 
         assert got == want, f"{where} rows={rows}: the pool allows {got} splits, the launcher wants {want}"
 
 
-@pytest.mark.parametrize("case", range(12))
+@pytest.mark.parametrize("case", range(11))
 def test_bad_inputs_raise_clearly(case):
     name, call, exc, text = _bad_input_cases()[case]
     with pytest.raises(exc, match=text):

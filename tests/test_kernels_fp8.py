@@ -16,7 +16,7 @@ from graphattn.common.platform import current_platform, reset_platform_cache
 from graphattn.common.reference import sparse_mla_reference
 from graphattn.common.tolerances import tolerance
 
-from test_kernels import DEVICE, _nan_poison, heads_for, make_inputs, run_path  # noqa: F401
+from test_kernels import DEVICE, _nan_poison, make_inputs, run_path  # noqa: F401
 
 PATHS = ("flashmla", "trtllm", "mega")
 FORMATS = [torch.float8_e4m3fn, torch.float8_e4m3fnuz]
@@ -65,7 +65,7 @@ def check_fp8(path, q, kv8, idx, sm_scale, out, lse, counter, fmt):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("heads,topk", [(3, 37), (20, 50)])
 def test_fp8_matches_reference_of_dequantised_cache(fp8, path, heads, topk):
-    q, kv8, idx = fp8_inputs(3, heads_for(path, heads), topk, 300, torch.float16, fp8)
+    q, kv8, idx = fp8_inputs(3, heads, topk, 300, torch.float16, fp8)
     out, lse, counter = run_path(path, q, kv8, idx, 0.07)
     check_fp8(path, q, kv8, idx, 0.07, out, lse, counter, fp8)
 
@@ -73,7 +73,7 @@ def test_fp8_matches_reference_of_dequantised_cache(fp8, path, heads, topk):
 @pytest.mark.parametrize("path", PATHS)
 def test_fp8_bf16_queries(path):
     fmt = current_platform().fp8_dtype
-    q, kv8, idx = fp8_inputs(2, heads_for(path, 24), 45, 128, torch.bfloat16, fmt)
+    q, kv8, idx = fp8_inputs(2, 24, 45, 128, torch.bfloat16, fmt)
     out, lse, counter = run_path(path, q, kv8, idx, 576**-0.5)
     check_fp8(path, q, kv8, idx, 576**-0.5, out, lse, counter, fmt)
 
@@ -81,7 +81,7 @@ def test_fp8_bf16_queries(path):
 @pytest.mark.parametrize("path", PATHS)
 def test_fp8_all_invalid_rows_and_duplicates(path):
     fmt = current_platform().fp8_dtype
-    q, kv8, idx = fp8_inputs(4, heads_for(path, 5), 40, 64, torch.float16, fmt)
+    q, kv8, idx = fp8_inputs(4, 5, 40, 64, torch.float16, fmt)
     idx[1] = -1
     idx[2, ::2] = -1
     idx[2, 1::2] = 1 << 30  # far out of range: must not be read

@@ -13,7 +13,9 @@ import torch
 from graphattn.common.reference import sparse_mla_reference
 
 # tests/ is on sys.path under pytest (rootdir conftest); share the CPU suite's harness.
-from test_kernels import _nan_poison, check_against_reference, heads_for, make_inputs, run_path  # noqa: F401
+from test_kernels import (  # noqa: F401
+    _nan_poison, check_against_reference, check_unpadded_flashmla, make_inputs, run_path,
+)
 
 pytestmark = pytest.mark.gpu
 PATHS = ("flashmla", "trtllm", "mega")
@@ -23,7 +25,6 @@ SCALE = 1 / math.sqrt(576)
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("heads,rows", [(16, 1), (32, 8), (64, 2), (64, 64), (128, 1), (128, 3), (128, 257), (16, 1024)])
 def test_bf16_real_sizes(path, heads, rows):
-    heads = heads_for(path, heads)
     q, kv, idx = make_inputs(rows, heads, 2048, pool=rows * 2048 + 4096, dtype=torch.bfloat16, invalid_frac=0.1)
     out, lse, counter = run_path(path, q, kv, idx, SCALE)
     torch.cuda.synchronize()
@@ -31,9 +32,9 @@ def test_bf16_real_sizes(path, heads, rows):
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("rows", [2, 5])  # flashmla: 2 rows x 64 heads run the tokens-major tile
+@pytest.mark.parametrize("rows", [2, 5])  # flashmla on sm_90: 2 x 20 heads run the tokens-major tile, 5 the Gluon one
 def test_fp16_long_topk_and_odd_heads(path, rows):
-    heads = heads_for(path, 20)
+    heads = 20
     q, kv, idx = make_inputs(rows, heads, 8192 + 37, pool=50_000, dtype=torch.float16)
     idx[rows - 1] = -1  # an all-invalid row
     out, lse, counter = run_path(path, q, kv, idx, SCALE)
@@ -48,7 +49,7 @@ def test_cuda_graph_replay_matches_eager(path, rows):
     from graphattn.common.metadata import GraphMetadata
     from graphattn.kernels import split_plan, sparse_mla_flashmla, sparse_mla_mega, sparse_mla_trtllm
 
-    heads, topk = heads_for(path, 48), 2048
+    heads, topk = 48, 2048
     plan = split_plan(path, heads, topk)
     md = GraphMetadata(rows, heads, topk, torch.bfloat16, "cuda", **plan.metadata_kwargs())
 
@@ -96,3 +97,13 @@ def test_flashmla_wgmma_and_its_unaligned_fallback(layout):
             q = torch.nn.functional.pad(q, (0, 8))[..., :576]
         out, lse, _ = run_path("flashmla", q, kv, idx, SCALE)
         check_against_reference(f"flashmla {layout}", q, kv, idx, SCALE, out, lse)
+
+
+@pytest.mark.parametrize("heads", [1, 16, 48, 64, 80])
+@pytest.mark.parametrize("rows", [1, 3, 72])
+def test_flashmla_reads_unpadded_q(heads, rows):
+    """flashmla's kernels (on sm_90 the Gluon kernel where rows x heads > 64, else the
+    tokens-major tile; the failure message names the kernel that ran) read
+    q ``[rows, H, 576]`` unpadded, a view whose neighbouring heads are NaN, and write exact-size
+    NaN-poisoned outputs: heads >= H are neither read nor stored."""
+    check_unpadded_flashmla(rows, heads, 2048 + 29, pool=rows * 2048 + 4096, dtype=torch.bfloat16)

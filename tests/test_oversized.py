@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from graphattn.backends import builtin_backends, get_backend_class
+from graphattn.backends.torch_ref import TorchBackend
 from graphattn.common import CaptureCapacityError, GraphMetadata, sparse_mla_reference
 from graphattn.common.capture import capture_scope
 from graphattn.common.platform import current_platform
@@ -171,8 +172,8 @@ def test_backend_honours_its_platform_object(name):
     hip = hip_platform()
     assert current_platform() is not hip
     backend, md, runner = captured_runner(name, platform=hip)
-    heads = backend.padded_heads or HEADS
-    assert not backend.pads_q or heads % hip.head_pad_multiple == 0, f"backend '{name}': {heads} heads"
+    heads = HEADS  # every Triton kernel reads q unpadded
+    assert backend.padded_heads is None and md.q_pad is None, f"backend '{name}': q padded"
     plan = backend.launch_plan(md, 2)
     amd_cfg = hip.kernel_config(backend.kernel_spec.name, rows=2, heads=heads, topk=TOPK)
     assert "waves_per_eu" in plan.main.kwargs, f"backend '{name}': not HIP's launch settings: {plan.main.kwargs}"
@@ -188,12 +189,22 @@ def test_backend_honours_its_platform_object(name):
         check_reference(name, f"HIP platform object, {rows} rows", q, idx, *runner.run(q=q), backend.sm_scale)
 
 
+class PaddingTorch(TorchBackend):
+    """A backend that declares ``pads_q`` (none of the built-in ones does any more)."""
+
+    name = "padding_torch"
+    pads_q = True
+
+
 def test_padded_heads_follow_the_platform_object():
     class WidePad(HipPlatform):
         head_pad_multiple = 128
 
-    backend = get_backend_class("flashmla")(HEADS, TOPK, DTYPE, platform=WidePad())
+    backend = PaddingTorch(HEADS, TOPK, DTYPE, platform=WidePad())
     assert backend.padded_heads == 128 and backend.make_metadata(2).q_pad.tensor.shape[1] == 128
+    assert backend.capabilities(WidePad())["pad_multiple"] == 128
+    flashmla = get_backend_class("flashmla")(HEADS, TOPK, DTYPE, platform=WidePad())
+    assert flashmla.padded_heads is None and flashmla.make_metadata(2).q_pad is None, "flashmla pads q"
 
 
 class PoolPerBucketRunner(GraphRunner):

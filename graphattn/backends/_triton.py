@@ -25,14 +25,16 @@ from .base import AttentionBackend
 class TritonBackend(AttentionBackend):
     """Base of the backends whose ``forward`` is one Triton kernel path.
 
-    Subclasses set ``kernel_spec`` and ``_build_plan``; ``pads_q``, ``uses_counter`` and
-    ``uses_workspace`` follow from the spec. ``plan()`` writes the step's indices and builds
-    (or finds) the step's :class:`LaunchPlan`. ``forward()`` checks Python attributes, then,
-    with no tracing, compiling, dispatch mode or graph capture active, runs the bound call the
-    metadata keeps for (backend, rows, alignment): the plan with its index, counter and
-    workspace views and their strides bound (the kernel module's ``bind_<path>``), launching
-    through specialised launchers. Otherwise it calls the custom op, so ``torch.compile``, the
-    capture sanitizer, the CPU graph emulator and capture marking see every kernel.
+    Subclasses set ``kernel_spec`` and ``_build_plan``; ``uses_counter`` and ``uses_workspace``
+    follow from the spec. The kernels read q as it comes, at any head count, so no Triton
+    backend pads q (``pads_q`` stays False) or narrows its outputs. ``plan()`` writes the
+    step's indices and builds (or finds) the step's :class:`LaunchPlan`. ``forward()`` checks
+    Python attributes, then, with no tracing, compiling, dispatch mode or graph capture active,
+    runs the bound call the metadata keeps for (backend, rows, alignment): the plan with its
+    index, counter and workspace views and their strides bound (the kernel module's
+    ``bind_<path>``), launching through specialised launchers. Otherwise it calls the custom
+    op, so ``torch.compile``, the capture sanitizer, the CPU graph emulator and capture marking
+    see every kernel.
     """
 
     uses_triton = True
@@ -43,7 +45,6 @@ class TritonBackend(AttentionBackend):
         super().__init_subclass__(**kwargs)
         spec = cls.__dict__.get("kernel_spec")
         if spec is not None:
-            cls.pads_q = spec.pads_heads
             cls.uses_counter = spec.uses_counter
             cls.uses_workspace = spec.uses_workspace
 
@@ -51,23 +52,19 @@ class TritonBackend(AttentionBackend):
         super().__init__(*args, **kwargs)
         self._module = importlib.import_module(f"graphattn.kernels.{self.kernel_spec.name}")
         self._op = self.kernel_spec.op
-        self._kernel_heads = self.padded_heads or self.num_heads
-        self._pads = self.padded_heads is not None
         self._bind = getattr(self._module, f"bind_{self.kernel_spec.name}")
         self._plans: dict[tuple[int, bool, int], LaunchPlan] = {}
 
     def make_metadata(self, max_rows: int) -> GraphMetadata:
-        """Reserve the q-pad buffer (padding backends), the counter and the split-KV workspace
-        that :func:`split_plan` says this backend's kernel may use, for ``max_rows`` query rows.
+        """Reserve the counter and the split-KV workspace that :func:`split_plan` says this
+        backend's kernel may use, and the index table, for ``max_rows`` query rows.
 
         Host side, not capturable; see :meth:`AttentionBackend.make_metadata`.
         """
         check_int(f"{self.name}.make_metadata", "max_rows", max_rows, 1)
-        plan = split_plan(self.kernel_spec.name, self._kernel_heads, self.topk, self.platform)
-        return GraphMetadata(
-            max_rows, self.num_heads, self.topk, self.dtype, self.device,
-            padded_heads=self.padded_heads, **plan.metadata_kwargs(),
-        )
+        plan = split_plan(self.kernel_spec.name, self.num_heads, self.topk, self.platform)
+        return GraphMetadata(max_rows, self.num_heads, self.topk, self.dtype, self.device,
+                             **plan.metadata_kwargs())
 
     def plan(
         self, metadata: GraphMetadata, indices: torch.Tensor, pad_to: int | None = None,
@@ -97,10 +94,10 @@ class TritonBackend(AttentionBackend):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """See :meth:`AttentionBackend.forward`. Capturable (within the reserved rows).
 
-        Without ``out``, a padding backend returns views ``out[:, :num_heads]`` /
-        ``lse[:, :num_heads]`` of the padded kernel output (non-contiguous); with ``out`` the
-        kernel writes into it directly where it needs no padding, else the real heads are
-        copied into it.
+        The kernel reads ``q`` as it is and writes ``out [rows, num_heads, 512]`` /
+        ``lse [rows, num_heads]`` (contiguous); with ``out`` the bound call writes into it
+        directly, while the custom op's results (under a capture, tracing or a dispatch mode)
+        are copied into it.
         """
         self.check_call(q, kv, metadata)
         if out is not None:
@@ -113,14 +110,11 @@ class TritonBackend(AttentionBackend):
             # trace the device query, so it is only asked here in eager mode).
             with torch.cuda.device(index):
                 return self.forward(q, kv, metadata, out)
-        q_in = metadata.zero_padded_q(q) if self._pads else q  # [rows, kernel heads, 576]
-        call = self.bound_call(metadata, q_in, kv)
+        call = self.bound_call(metadata, q, kv)
         if call is not None:
-            res = call(q_in, kv, None if self._pads else out)
+            res = call(q, kv, out)
         else:
-            res = self._op(q_in, kv, *self._fixed_args(metadata, q.shape[0]))
-        if self._pads:  # narrow: a fraction of the cost of slicing with [:, :h]
-            res = res[0].narrow(1, 0, self.num_heads), res[1].narrow(1, 0, self.num_heads)
+            res = self._op(q, kv, *self._fixed_args(metadata, q.shape[0]))
         if out is None or res[0] is out[0]:
             return res
         out[0].copy_(res[0])

@@ -74,7 +74,8 @@ class AttentionBackend(BackendChecks):
             accepts any count up to ``max_heads``.
         max_heads: largest head count accepted (``None`` = no limit).
         pads_q: q is padded through ``GraphMetadata.zero_padded_q`` to the platform's
-            ``head_pad_multiple`` (the q-pad rule applies).
+            ``head_pad_multiple`` (the q-pad rule applies). No built-in backend pads: their
+            kernels read q unpadded at any head count.
         uses_counter: the kernel uses the multi-CTA counter (the counter rule applies).
         uses_workspace: the kernel writes split-KV partials to the metadata workspace.
         unit_stride_only: q and kv need a contiguous last dim (kernels index it with stride 1).

@@ -1,11 +1,11 @@
-"""The ``flashmla`` backend: a head-padded split-KV kernel plus a separate combine kernel.
+"""The ``flashmla`` backend: a split-KV kernel plus a separate combine kernel.
 
-FlashMLA's sparse decode kernel processes heads in groups of the platform's
-``head_pad_multiple`` (64), so with attention tensor parallelism (e.g. 128 heads / TP 8 = 16)
-the query must be padded. The padding lives in the metadata's one grow-only q-pad buffer: each
-call copies the real heads into a row slice of it (the padding heads were zeroed once, at
-allocation) and the graph keeps that address for good -- the fix for the per-bucket
-``q_pad_buffer`` bug described in docs/design.md.
+FlashMLA's sparse decode kernel processes heads in blocks (64 per program in the sm_90 Gluon
+kernel). With attention tensor parallelism (e.g. 128 heads / TP 8 = 16 per rank) the last block
+is partly empty: the kernels read q ``[rows, num_heads, 576]`` as it comes and mask the heads
+past ``num_heads`` (loaded as zeros, never stored), so nothing pads q or narrows the outputs and
+the metadata holds no q-pad buffer. Its graph-safe state is the split-KV workspace pool and the
+index table.
 """
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ from .base import GraphSupport
 
 
 class FlashMLABackend(TritonBackend):
-    """Pads q to ``head_pad_multiple`` heads; split-KV partials in a workspace; combine kernel."""
+    """Any head count, q unpadded; split-KV partials in a workspace; combine kernel."""
 
     name = "flashmla"
     supported_dtypes = (torch.bfloat16, torch.float16)
     supported_kv_dtypes = (KV_AUTO, KV_FP8)  # FP8 tokens: Triton tiles (not yet the Gluon kernel)
     kernel_spec = FLASHMLA
     graph_support = GraphSupport.FULL
-    description = "FlashMLA-style: q padded to 64 heads, split-KV workspace + combine kernel"
+    description = "FlashMLA-style: any heads (q unpadded), split-KV workspace + combine kernel"
 
     def _build_plan(self, rows: int, aligned: bool, ws_splits: int) -> LaunchPlan:
-        return self._module.plan_flashmla(rows, self._kernel_heads, self.topk, ws_splits, aligned,
+        return self._module.plan_flashmla(rows, self.num_heads, self.topk, ws_splits, aligned,
                                           self.kv_fp8, self.platform)
 

@@ -7,7 +7,8 @@ copies (each copy its own q, indices and KV region, and each query row its own t
 KV comes from HBM, not L2. Reports time per call, achieved GB/s and TFLOP/s and the fraction of
 the H200 roofline: ``max(bytes / 4.2 TB/s, flops / 790 TFLOP/s)`` with
 ``bytes = rows*topk*576*2 + q + out`` and ``flops = 2*rows*heads*topk*(576+512)`` (real heads:
-padding work of the flashmla path is not counted). With ``--kv-dtype fp8`` the KV is 656-byte
+the masked heads of a partly filled head block, e.g. 16 heads in flashmla's 64-head blocks,
+are not counted). With ``--kv-dtype fp8`` the KV is 656-byte
 FP8 tokens (``graphattn.common.kv_layout``) and counted at 656 bytes per token instead of 1152.
 """
 
@@ -79,17 +80,11 @@ def path_fn(path: str, rows: int, heads: int, topk: int) -> Callable[[dict], Any
         return lambda s: torch_reference(s["q"], s["kv"], s["idx"], scale)
     if path == "mega":
         return lambda s: sparse_mla_mega(s["q"], s["kv"], s["idx"], scale)
-    kh = 64 * math.ceil(heads / 64) if path == "flashmla" else heads
-    plan = split_plan(path, kh, topk)
-    md = GraphMetadata(rows, heads, topk, torch.bfloat16, "cuda", padded_heads=kh if path == "flashmla" else None,
-                       **plan.metadata_kwargs())
+    plan = split_plan(path, heads, topk)
+    md = GraphMetadata(rows, heads, topk, torch.bfloat16, "cuda", **plan.metadata_kwargs())
     ws = md.workspace_for(rows)
     if path == "flashmla":
-        def run(s):
-            qp = md.zero_padded_q(s["q"]) if kh != heads else s["q"]
-            out, lse = sparse_mla_flashmla(qp, s["kv"], s["idx"], scale, *ws)
-            return out[:, :heads], lse[:, :heads]
-        return run
+        return lambda s: sparse_mla_flashmla(s["q"], s["kv"], s["idx"], scale, *ws)
     counter = md.counter_for(rows)
     return lambda s: sparse_mla_trtllm(s["q"], s["kv"], s["idx"], scale, counter, *ws)
 

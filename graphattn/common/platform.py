@@ -177,7 +177,8 @@ class Platform:
 
     Attributes:
         name: ``"cpu"``, ``"cuda"`` or ``"hip"`` (the graph rules).
-        head_pad_multiple: head count a padded (flashmla-style) kernel needs a multiple of.
+        head_pad_multiple: the head count a backend that pads q (``pads_q``) pads to a
+            multiple of (no built-in kernel needs padded q).
 
     Device facts are computed once per object (kernels ask on every launch);
     ``reset_platform_cache()`` gives a fresh object.

@@ -37,8 +37,10 @@ SMALL_BATCH_ROWS = 8
 # 18.4 with the 32-head tile, 10.5 / 13.8 / 14.1 with this one; at 64 x 4 it was slower (23.9
 # vs 19.7) and at 64+ rows 1.5-2x slower: it holds only two KV tiles in flight (168 KB of smem).
 KV_MAJOR_MAX_ROW_HEADS = 128
-# With the wgmma kernel available it keeps only 1 row of <= 64 heads: 10.4 us against wgmma's
-# 11.9 there, while at 128 x 1 (13.7 vs 12.9) and 64 x 2 (13.9 vs 13.3) wgmma is faster.
+# With the wgmma kernel available it keeps only rows x heads <= 64 (1 row of 64 heads): 10.4 us
+# against wgmma's 11.9 there, while at 128 x 1 (13.7 vs 12.9) and 64 x 2 (13.9 vs 13.3) wgmma is
+# faster. Measured with q padded to 64 heads; flashmla now passes the real head count, so 16
+# heads x 2-4 rows and 32 x 2 also take this tile (not yet measured against wgmma there).
 KV_MAJOR_MAX_ROW_HEADS_WITH_WGMMA = 64
 _KV_MAJOR_TILE = {"BLOCK_H": 16, "BLOCK_N": 64, "IDX_AHEAD": 0, "KV_MAJOR": 1, "num_warps": 4, "num_stages": 2}
 # Everywhere else flashmla runs the hand-scheduled Gluon kernel (graphattn.kernels.wgmma): 64

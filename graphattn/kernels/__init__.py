@@ -1,6 +1,6 @@
 """Triton sparse MLA kernels, registered as torch custom ops in the ``graphattn`` namespace.
 
-* :func:`sparse_mla_flashmla` (``torch.ops.graphattn.sparse_mla_flashmla``): padded heads,
+* :func:`sparse_mla_flashmla` (``torch.ops.graphattn.sparse_mla_flashmla``): any head count,
   split-KV partials in a caller workspace, separate combine launch.
 * :func:`sparse_mla_trtllm` (``torch.ops.graphattn.sparse_mla_trtllm``): any head count,
   multi-CTA split-KV combined in one launch with a self-resetting counter.

@@ -120,12 +120,3 @@ def check_counter(path: str, q: torch.Tensor, counter: torch.Tensor, head_blocks
         raise ValueError(f"{path}: counter needs a contiguous last dim (stride 1); {fix}")
     check_devices(path, q, counter=counter)
 
-
-def check_padded_heads(path: str, q: torch.Tensor) -> None:
-    """The flashmla path needs heads to be a multiple of the platform's head_pad_multiple."""
-    mult = current_platform().head_pad_multiple
-    if q.shape[1] % mult:
-        raise ValueError(
-            f"{path}: heads must be a multiple of {mult}, got {q.shape[1]}; pad q with "
-            "GraphMetadata(padded_heads=...).zero_padded_q(q), or use the trtllm/mega path"
-        )

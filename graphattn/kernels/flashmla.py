@@ -1,9 +1,14 @@
-"""flashmla-style sparse MLA: padded heads, split-KV partials in a workspace, separate combine.
+"""flashmla-style sparse MLA: any head count, split-KV partials in a workspace, separate combine.
 
-Launch 1 (``_flashmla_split_kernel``): one program per (row, split, head block) attends over its
-slice of the row's top-k and writes a normalised partial (out f32, natural-log lse) into the
-caller's workspace. Launch 2 (``_flashmla_combine_kernel``) merges the partials. With a single
-split the first launch writes ``out``/``lse`` directly and the combine is skipped.
+Launch 1 (``_flashmla_split_kernel``, or the Gluon ``_flashmla_wgmma_kernel`` on sm_90): one
+program per (row, split, head block) attends over its slice of the row's top-k and writes a
+normalised partial (out f32, natural-log lse) into the caller's workspace. Launch 2
+(``_flashmla_combine_kernel``) merges the partials. With a single split the first launch writes
+``out``/``lse`` directly and the combine is skipped.
+
+q is read as it comes, ``[rows, H, 576]`` with any ``H >= 1``: the last head block of a row
+masks heads ``>= H`` (q loaded as zeros, nothing stored), so no caller pads q or narrows the
+outputs, and the workspace holds ``H`` heads per partial.
 """
 
 from __future__ import annotations
@@ -106,7 +111,7 @@ def _select(rows: int, heads: int, topk: int, aligned: bool,
 
 
 def kernel_name(q: torch.Tensor, kv: torch.Tensor, topk: int) -> str:
-    """The split kernel a launch over padded ``q`` and ``kv`` runs: ``"wgmma"`` (Gluon, sm_90),
+    """The split kernel a launch over ``q`` and ``kv`` runs: ``"wgmma"`` (Gluon, sm_90),
     ``"triton_kv_major"`` (the tokens-major Triton tile) or ``"triton"`` (the heads-major tiles)."""
     return _select(q.shape[0], q.shape[1], topk, aligned_16(q, kv), is_fp8_kv(kv))[2]
 
@@ -133,7 +138,7 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
 
 def plan_flashmla(rows: int, heads: int, topk: int, ws_splits: int, aligned: bool = True,
                   kv_fp8: bool = False, platform: Platform | None = None) -> LaunchPlan:
-    """The memoised :class:`LaunchPlan` for ``q [rows, heads, 576]`` (heads padded) and
+    """The memoised :class:`LaunchPlan` for ``q [rows, heads, 576]`` (any ``heads >= 1``) and
     ``indices [rows, topk]`` with a workspace of ``ws_splits`` splits per row; ``aligned``:
     q and kv rows are 16-byte aligned (:func:`aligned_16`); ``kv_fp8``: kv is 656-byte FP8
     tokens (``[pool, 656]`` uint8); ``platform``: whose launch table (default current)."""
@@ -177,7 +182,6 @@ def run_flashmla(plan: LaunchPlan, q, kv, indices, sm_scale: float, ws_out, ws_l
 
 def _check(q, kv, indices, sm_scale, ws_out, ws_lse) -> None:
     checks.check_attention_inputs(PATH, q, kv, indices, sm_scale)
-    checks.check_padded_heads(PATH, q)
     checks.check_workspace(PATH, q, ws_out, ws_lse)
 
 
@@ -189,8 +193,8 @@ def sparse_mla_flashmla(
     """flashmla-style sparse MLA attention with split-KV partials in a caller workspace.
 
     Args:
-        q: ``[rows, H, 576]`` bf16/fp16, ``H % current_platform().head_pad_multiple == 0``
-            (pad with ``GraphMetadata.zero_padded_q``); last dim contiguous.
+        q: ``[rows, H, 576]`` bf16/fp16, any ``H >= 1`` (read as it is: no head padding);
+            last dim contiguous.
         kv: ``[pool_tokens, 576]`` same dtype (V = ``kv[:, :512]``), or 656-byte FP8 tokens
             ``[pool_tokens, 656]`` uint8 in the platform's FP8 format
             (``graphattn.common.kv_layout``); last dim contiguous.

@@ -1,8 +1,8 @@
 """Typed launch plans: one :class:`KernelSpec` per kernel path, one :class:`LaunchPlan` per shape.
 
 A kernel path is declared once as a :class:`KernelSpec` (which custom op runs it, whether it
-needs the multi-CTA counter, a split-KV workspace, heads padded to the platform's multiple, a
-separate combine launch); backends derive their capability data from it. A :class:`LaunchPlan`
+needs the multi-CTA counter, a split-KV workspace, a separate combine launch); backends derive
+their capability data from it. Every path reads q unpadded, at any head count. A :class:`LaunchPlan`
 is everything a call needs that does not depend on the tensors' contents: the kernel function,
 its grid, split count and constexprs, and the combine launch. It is built once per
 (platform, rows, heads, topk, workspace bound, alignment) on the host and memoised
@@ -36,7 +36,6 @@ class KernelSpec:
         op_name: the custom op, ``torch.ops.graphattn.<op_name>``.
         uses_counter: needs ``GraphMetadata.counter_for(rows)`` (int32 zeros, reset by the kernel).
         uses_workspace: writes split-KV partials to ``GraphMetadata.workspace_for(rows, splits)``.
-        pads_heads: needs ``heads % platform.head_pad_multiple == 0`` (q padded by the metadata).
         combine: merges split partials in a second launch (otherwise in the same launch, or no split).
         alignment: its kernel choice depends on whether q/kv rows are 16-byte aligned
             (:func:`aligned_16`); paths without it skip that check on every call.
@@ -46,7 +45,6 @@ class KernelSpec:
     op_name: str
     uses_counter: bool
     uses_workspace: bool
-    pads_heads: bool
     combine: bool
     alignment: bool = False
 
@@ -57,11 +55,9 @@ class KernelSpec:
 
 
 FLASHMLA = KernelSpec("flashmla", "sparse_mla_flashmla", uses_counter=False, uses_workspace=True,
-                      pads_heads=True, combine=True, alignment=True)
-TRTLLM = KernelSpec("trtllm", "sparse_mla_trtllm", uses_counter=True, uses_workspace=True,
-                    pads_heads=False, combine=False)
-MEGA = KernelSpec("mega", "sparse_mla_mega", uses_counter=False, uses_workspace=False,
-                  pads_heads=False, combine=False)
+                      combine=True, alignment=True)
+TRTLLM = KernelSpec("trtllm", "sparse_mla_trtllm", uses_counter=True, uses_workspace=True, combine=False)
+MEGA = KernelSpec("mega", "sparse_mla_mega", uses_counter=False, uses_workspace=False, combine=False)
 SPECS = {s.name: s for s in (FLASHMLA, TRTLLM, MEGA)}
 
 
@@ -260,7 +256,7 @@ class LaunchPlan:
 
     Attributes:
         spec: the kernel path.
-        rows, heads, topk: the shape planned (heads as the kernel sees them, i.e. padded).
+        rows, heads, topk: the shape planned (heads: q's, unpadded).
         splits: split-KV partials per row (1: the first launch writes ``out``/``lse`` directly).
         split_len: indices per split (a multiple of the KV tile).
         head_blocks: programs per (row, split).

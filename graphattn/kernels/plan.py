@@ -126,8 +126,7 @@ def split_plan(path: str, num_heads: int, topk: int, platform: Platform | None =
 
     Args:
         path: ``"flashmla"``, ``"trtllm"`` or ``"mega"``.
-        num_heads: heads the kernel sees (for flashmla the padded count, a multiple of
-            ``platform.head_pad_multiple``).
+        num_heads: heads of q (every path reads q unpadded).
         topk: indices per row.
         platform: whose launch table and compute units (default ``current_platform()``).
 

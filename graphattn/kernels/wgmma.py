@@ -1,7 +1,9 @@
 """flashmla's split kernel for sm_90 (Hopper), hand-scheduled in Gluon: cp.async ring + wgmma.
 
-One program per (row, split, 64-head block), 8 warps = two warpgroups. Per KV tile of
-``BLOCK_N`` tokens:
+One program per (row, split, 64-head block), 8 warps = two warpgroups. q is read unpadded
+(``[rows, H, 576]``, any ``H >= 1``): the last head block's heads ``>= H`` are masked, so their q
+rows in shared memory are zeros and their outputs are never stored. Per KV tile of ``BLOCK_N``
+tokens:
 
 * **gather**: every thread issues ``cp.async`` copies of the tile's 576-column rows into a ring
   of ``STAGES`` shared-memory slots (invalid indices are masked: nothing read, zeros written).
@@ -72,7 +74,8 @@ def _flashmla_wgmma_kernel(
     STAGES: gl.constexpr, DIRECT: gl.constexpr,
 ):
     """Arguments, grid and outputs as ``_flashmla_split_kernel`` (graphattn.kernels.flashmla);
-    launch with ``num_warps=8``. q/kv bf16 or fp16 with 16-byte aligned rows; ``H % 64 == 0``."""
+    launch with ``num_warps=8``. q/kv bf16 or fp16 with 16-byte aligned rows; any ``H >= 1``
+    (``cdiv(H, 64)`` head blocks; heads ``>= H`` are neither read nor written)."""
     gl.static_assert(BLOCK_H == 64, "one wgmma M tile of heads per program")
     gl.static_assert(gl.num_warps() == 8, "two warpgroups: launch with num_warps=8")
     gl.static_assert(STAGES >= 2, "the ring needs a slot to gather into while one is computed")
@@ -94,7 +97,7 @@ def _flashmla_wgmma_kernel(
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
     pid = gl.program_id(0)
-    head_blocks = H // BLOCK_H
+    head_blocks = gl.cdiv(H, BLOCK_H)
     hb = pid % head_blocks
     split = (pid // head_blocks) % num_splits
     row = pid // (head_blocks * num_splits)
@@ -108,14 +111,17 @@ def _flashmla_wgmma_kernel(
     k_nope = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_NOPE], smem_layout)
     k_rope = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_ROPE], smem_layout)
 
-    # q of this row and head block joins the first gather's copy group.
-    q_base = q_ptr + row.to(gl.int64) * stride_qr + (hb * BLOCK_H) * stride_qh
-    h_n = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, gather_n))
-    h_r = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, gather_r))
+    # q of this row and head block joins the first gather's copy group. Heads >= H are masked:
+    # their copies read nothing and write zeros (cp.async with a source size of 0).
+    q_base = q_ptr + row.to(gl.int64) * stride_qr
+    h_n = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, gather_n))
+    h_r = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, gather_r))
     _async_load(q_nope, q_base + h_n[:, None] * stride_qh
-                + gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, gather_n))[None, :])
+                + gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, gather_n))[None, :],
+                mask=(h_n < H)[:, None])
     _async_load(q_rope, q_base + h_r[:, None] * stride_qh
-                + D_NOPE + gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, gather_r))[None, :])
+                + D_NOPE + gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, gather_r))[None, :],
+                mask=(h_r < H)[:, None])
     for j in gl.static_range(STAGES - 1):
         n0 = start + j * BLOCK_N
         _issue_gather(kv_ptr, stride_kv, pool,
@@ -170,11 +176,12 @@ def _flashmla_wgmma_kernel(
     h_o = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_o)
     d_o = gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, o_layout))
     h_s = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_s)
+    o_mask = (h_o < H)[:, None]  # heads >= H exist only in this program: never stored
     if DIRECT:
         rh = row.to(gl.int64) * H + h_o
-        gl.store(out_ptr + rh[:, None] * D_NOPE + d_o[None, :], out.to(out_ptr.dtype.element_ty))
-        gl.store(lse_ptr + row.to(gl.int64) * H + h_s, lse)
+        gl.store(out_ptr + rh[:, None] * D_NOPE + d_o[None, :], out.to(out_ptr.dtype.element_ty), mask=o_mask)
+        gl.store(lse_ptr + row.to(gl.int64) * H + h_s, lse, mask=h_s < H)
     else:
         w_base = ws_out_ptr + row.to(gl.int64) * stride_wr + split * stride_ws
-        gl.store(w_base + h_o[:, None] * stride_wh + d_o[None, :], out)
-        gl.store(ws_lse_ptr + row.to(gl.int64) * stride_lr + split * stride_ls + h_s, lse)
+        gl.store(w_base + h_o[:, None] * stride_wh + d_o[None, :], out, mask=o_mask)
+        gl.store(ws_lse_ptr + row.to(gl.int64) * stride_lr + split * stride_ls + h_s, lse, mask=h_s < H)

@@ -301,9 +301,7 @@ def kernel_label(case: FuzzCase, q: torch.Tensor, kv: torch.Tensor) -> str:
         return case.backend
     from ..kernels.flashmla import kernel_name
 
-    pad = current_platform().head_pad_multiple
-    padded = q.new_empty(case.rows, -(-case.heads // pad) * pad, D_QK)
-    return kernel_name(padded, kv, case.topk)
+    return kernel_name(q, kv, case.topk)
 
 
 def run_case(case: FuzzCase, device: torch.device | None = None, sm_scale: float = D_QK**-0.5) -> CaseResult:
