@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from graphattn.backends import get_backend_class
+from graphattn.backends import get_backend_class, torch_ref
 from graphattn.common.platform import current_platform
 from graphattn.common.reference import sparse_mla_reference
 from graphattn.kernels import launch
@@ -254,6 +254,24 @@ def test_forward_writes_into_given_outputs(name):
                 (torch.empty(3, 512, 4, dtype=q.dtype).transpose(1, 2), out[1]), out[0]):
         with pytest.raises(ValueError, match="out must be"):
             backend.forward(q, kv, md, out=bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_torch_backend_chunks_rows_like_one_call(dtype, monkeypatch):
+    """Rows past the gather budget run in chunks, into new or given outputs, with the same
+    results as one call (the budget here fits one row per chunk)."""
+    q, kv, idx = _inputs(rows=5, dtype=dtype)
+    backend = get_backend_class("torch")(q.shape[1], idx.shape[1], dtype)
+    md = backend.make_metadata(5)
+    backend.plan(md, idx)
+    whole = backend.forward(q, kv, md)
+    monkeypatch.setattr(torch_ref, "_GATHER_BUDGET_BYTES", idx.shape[1] * 576 * 4)
+    assert backend._chunk_rows(5) == 1
+    out = (torch.full_like(whole[0], float("nan")), torch.full_like(whole[1], float("nan")))
+    for chunked in (backend.forward(q, kv, md), backend.forward(q, kv, md, out=out)):
+        for a, b in zip(chunked, whole):
+            torch.testing.assert_close(a, b, atol=0, rtol=1e-6, equal_nan=True)
+    _check("torch", q, kv, idx, backend, *out)
 
 
 @pytest.mark.parametrize("name", TRITON)
