@@ -185,9 +185,12 @@ def dequantize_kv(kv: torch.Tensor, fp8_dtype: torch.dtype | None = None,
     compute = torch.float64 if dtype == torch.float64 else torch.float32
     lead = kv.shape[:-1]
     nope = kv[..., :D_NOPE].view(fp8).to(compute).unflatten(-1, (NUM_TILES, TILE))
-    scale = kv[..., SCALE_OFFSET:ROPE_OFFSET].view(torch.float32).to(compute)  # [..., 4]
+    # The float32 scales and the bf16 rope are promoted to `compute` by the ops that take them
+    # (exactly: both are subsets of it), not by copies of their own: the torch backend
+    # dequantises on every call, where each op costs host time.
+    scale = kv[..., SCALE_OFFSET:ROPE_OFFSET].view(torch.float32)  # [..., 4]
     nope = (nope * scale[..., None]).reshape(*lead, D_NOPE)
-    rope = kv[..., ROPE_OFFSET:].view(torch.bfloat16).to(compute)
+    rope = kv[..., ROPE_OFFSET:].view(torch.bfloat16)
     return torch.cat([nope, rope], dim=-1).to(dtype)
 
 
