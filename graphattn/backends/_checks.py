@@ -30,6 +30,17 @@ class BackendChecks:
 
     def check_plan(self, metadata: GraphMetadata, indices: torch.Tensor, pad_to: int | None) -> None:
         """Everything :meth:`plan` checks before writing (host side)."""
+        try:  # the hot path: one comparison chain; the messages below only when it fails
+            fast = (indices.dtype == torch.int32 and indices.dim() == 2
+                    and indices.shape[1] == metadata.topk and indices.device.type != "meta"
+                    and (pad_to is None or (type(pad_to) is int and pad_to >= indices.shape[0]))
+                    and isinstance(metadata, GraphMetadata))
+        except AttributeError:
+            fast = False
+        if fast:
+            self.check_metadata(metadata)
+            self._check_plan_device(metadata, indices)
+            return
         who = f"{self.name}.plan"
         if not isinstance(metadata, GraphMetadata):
             raise TypeError(f"{who}: metadata must be a GraphMetadata, got {type(metadata).__name__}; "
@@ -48,10 +59,13 @@ class BackendChecks:
         if pad_to is not None:
             check_int(who, "pad_to", pad_to, indices.shape[0])
         self.check_metadata(metadata)
+        self._check_plan_device(metadata, indices)
+
+    def _check_plan_device(self, metadata: GraphMetadata, indices: torch.Tensor) -> None:
         index = indices.get_device()  # host indices are fine: plan copies them in
         if index >= 0 and index != metadata.indices.tensor.get_device():
             raise ValueError(
-                f"{who}: indices are on {indices.device} but the metadata is on "
+                f"{self.name}.plan: indices are on {indices.device} but the metadata is on "
                 f"{metadata.indices.tensor.device}; make the indices on the metadata's device "
                 f"(or on the host), or use that device's metadata"
             )

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..common.buffers import storage_epoch
 from ..common.capture import is_capturing
 from ..common.metadata import GraphMetadata
 from ..common.platform import current_gpu_index
@@ -54,6 +55,7 @@ class TritonBackend(AttentionBackend):
         self._op = self.kernel_spec.op
         self._bind = getattr(self._module, f"bind_{self.kernel_spec.name}")
         self._plans: dict[tuple[int, bool, int], LaunchPlan] = {}
+        self._last_planned: tuple[int, int, int] | None = None
 
     def make_metadata(self, max_rows: int) -> GraphMetadata:
         """Reserve the counter and the split-KV workspace that :func:`split_plan` says this
@@ -73,7 +75,15 @@ class TritonBackend(AttentionBackend):
         """See :meth:`AttentionBackend.plan`; also builds the launch plan of the rows the next
         ``forward`` gets (``max(rows, pad_to)``), so ``forward`` only looks it up."""
         super().plan(metadata, indices, pad_to, check_indices, pool_tokens)
-        self.launch_plan(metadata, metadata.num_planned_rows)
+        # A decode loop plans the same rows on the same metadata step after step: the memoised
+        # plan is looked up again only when either changes or a buffer's storage was replaced
+        # (the workspace's size sets the split count).
+        # Keyed by id(): holding the metadata would keep its buffers alive; an id reused by a
+        # later metadata only skips this prebuild (forward builds the plan when it is missing).
+        key = (id(metadata), metadata.num_planned_rows, storage_epoch())
+        if key != self._last_planned:
+            self.launch_plan(metadata, key[1])
+            self._last_planned = key
 
     def launch_plan(self, metadata: GraphMetadata, rows: int, aligned: bool = True) -> LaunchPlan:
         """The memoised :class:`LaunchPlan` for ``rows`` query rows on ``metadata``'s workspace

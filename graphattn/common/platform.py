@@ -88,6 +88,10 @@ def detect_device(index: int | None = None) -> DeviceFacts:
 # where no tensor is on a GPU and nothing asks).
 _cuda_get_device = getattr(torch._C, "_cuda_getDevice", None)
 _NO_SCOPE = nullcontext()  # reusable: entering it does nothing
+# torch.cuda.is_current_stream_capturing without its Python wrapper (asked on every eager call;
+# ROCm builds answer with hipStreamIsCapturing under the same name).
+_cuda_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or (
+    lambda: torch.cuda.is_current_stream_capturing())
 
 
 def current_gpu_index() -> int:
@@ -263,7 +267,7 @@ class Platform:
 
     def is_stream_capturing(self) -> bool:
         """Whether the current stream is in a real graph capture (torch's own query)."""
-        return self.has_gpu and torch.cuda.is_current_stream_capturing()
+        return self.has_gpu and _cuda_is_capturing()
 
     def synchronize(self) -> None:
         """Wait for all queued work of this platform's device (the current GPU for ``cuda``)."""
