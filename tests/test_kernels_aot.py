@@ -68,3 +68,38 @@ def test_aot_jobs_compile_each_setting_as_it_runs(target):
             assert hits, f"{target} {kernel}: setting {cfg} is not compiled as configured"
             if kernel in ("flashmla_split", "trtllm", "mega"):  # ... and reading FP8 tokens
                 assert any(json.loads(key).get("KV_FP8") for key in hits), f"{target} {kernel}: no FP8 {cfg}"
+
+
+PTXAS_SAMPLE = """ptxas info    : Compiling entry function '_trtllm_kernel' for 'sm_90a'
+ptxas info    : Function properties for _trtllm_kernel
+    800 bytes stack frame, 916 bytes spill stores, 832 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 800 bytes cumulative stack size
+"""
+
+
+def test_ptxas_report_is_parsed():
+    from graphattn.kernels.aot import parse_ptxas_usage
+
+    assert parse_ptxas_usage(PTXAS_SAMPLE) == {"stack": 800, "spill_stores": 916, "spill_loads": 832,
+                                               "registers": 255}
+    assert parse_ptxas_usage("ptxas fatal   : Unsupported .version 9.4") is None
+
+
+@pytest.mark.slow
+def test_aot_reports_registers_and_spills_of_an_sm90_kernel():
+    """``--ptxas``: one sm_90 compile carries what ``ptxas -v`` said (the FP8 tiles' spills were
+    found this way: 255 registers and ~800 bytes of spills per thread at 32 heads x 32 tokens)."""
+    code = ("import json; from graphattn.kernels import aot; "
+            "job = next(j for j in aot.jobs(['sm90']) if j[0] == 'trtllm'); "
+            "print(json.dumps(aot.compile_one(job, usage=True)))")
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert record["ok"], record
+    usage = record["ptxas"]
+    if usage is None:
+        pytest.skip("no ptxas bundled with this triton accepts its PTX")
+    assert 0 < usage["registers"] <= 255 and usage["spill_stores"] >= 0, usage

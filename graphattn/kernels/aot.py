@@ -8,15 +8,23 @@ Every distinct launch setting that ``graphattn.cuda.configs`` / ``graphattn.hip.
 choose is compiled (bf16, the general split path), and again reading 656-byte FP8 KV tokens
 (``KV_FP8``, in the target's FP8 format: e4m3fn on sm_90 and gfx950, e4m3fnuz on gfx942; the
 Gluon kernel and the combine do not read KV); the direct-store variants and fp16 are compiled
-once per kernel. Prints one JSON line per compile and exits 1 if any failed.
+once per kernel. Prints one JSON line per compile and exits 1 if any failed. ``--ptxas`` adds what ``ptxas -v``
+reports for each sm_90 kernel (registers, spill bytes, stack): spills are local-memory traffic
+in every tile, which a compile that succeeds does not show.
 Works with the ``ASTSource(fn, signature, constexprs)`` API of triton 3.3 to 3.9.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import glob
 import json
+import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -119,8 +127,42 @@ def _arg_names(kernel: str) -> list[str]:
     return list(_kernel_fn(kernel).arg_names)
 
 
-def compile_one(job: tuple[str, str, dict[str, Any], dict[str, Any], str]) -> dict[str, Any]:
-    """Compile one job; returns a JSON-able record (``ok`` False with the error on failure)."""
+_PTXAS_USAGE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
+                          r".*?Used (\d+) registers", re.S)
+
+
+def parse_ptxas_usage(text: str) -> dict[str, int] | None:
+    """``{"stack", "spill_stores", "spill_loads", "registers"}`` (bytes per thread, registers per
+    thread) from ``ptxas -v`` output for one kernel, or ``None`` if it has no such report."""
+    found = _PTXAS_USAGE.search(text)
+    if found is None:
+        return None
+    return dict(zip(("stack", "spill_stores", "spill_loads", "registers"), map(int, found.groups())))
+
+
+def ptxas_usage(ptx: str, arch: str = "sm_90a") -> dict[str, int] | None:
+    """What ``ptxas -v`` reports for ``ptx`` (:func:`parse_ptxas_usage`), from the first ptxas
+    bundled with triton that accepts its PTX version; ``None`` if none does."""
+    import triton
+
+    candidates = sorted(glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
+                                               "bin", "ptxas*")), reverse=True)  # ptxas-blackwell first
+    with tempfile.TemporaryDirectory(prefix="graphattn-ptxas-") as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        for ptxas in candidates:
+            run = subprocess.run([ptxas, "-v", "--gpu-name", arch, path, "-o", path + ".cubin"],
+                                 capture_output=True, text=True)
+            if run.returncode == 0:
+                return parse_ptxas_usage(run.stdout + run.stderr)
+    return None
+
+
+def compile_one(job: tuple[str, str, dict[str, Any], dict[str, Any], str],
+                usage: bool = False) -> dict[str, Any]:
+    """Compile one job; returns a JSON-able record (``ok`` False with the error on failure).
+    ``usage``: add ``ptxas`` (:func:`ptxas_usage`) for sm_90 kernels."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -144,21 +186,24 @@ def compile_one(job: tuple[str, str, dict[str, Any], dict[str, Any], str]) -> di
     except Exception as exc:  # report every failure, not only the first
         return {**record, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
     asm = "ptx" if target == "sm90" else "amdgcn"
-    return {
-        **record, "ok": asm in compiled.asm, "seconds": round(time.perf_counter() - t0, 2),
-        "shared_bytes": compiled.metadata.shared,
-    }
+    record = {**record, "ok": asm in compiled.asm, "seconds": round(time.perf_counter() - t0, 2),
+              "shared_bytes": compiled.metadata.shared}
+    if usage and target == "sm90" and record["ok"]:
+        record["ptxas"] = ptxas_usage(compiled.asm["ptx"])
+    return record
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", nargs="+", default=list(TARGETS), choices=list(TARGETS))
     parser.add_argument("--jobs", type=int, default=2, help="parallel compile processes")
+    parser.add_argument("--ptxas", action="store_true",
+                        help="add registers and spill bytes (ptxas -v) of each sm_90 kernel")
     args = parser.parse_args(argv)
     todo = jobs(args.targets)
     failed = 0
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for record in pool.map(compile_one, todo):
+        for record in pool.map(functools.partial(compile_one, usage=args.ptxas), todo):
             failed += not record["ok"]
             print(json.dumps(record, sort_keys=True), flush=True)
     print(json.dumps({"compiled": len(todo) - failed, "failed": failed}), flush=True)
