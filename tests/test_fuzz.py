@@ -108,6 +108,24 @@ def test_cli_writes_counts(tmp_path):
         main(["--cases", "0"])
 
 
+def test_time_limit_stops_starting_cases_and_still_reports(tmp_path, capsys):
+    """``--time-limit``: no case starts after it; the counts of those that ran are printed and
+    written, and a clean time-boxed sweep exits 0 (gpu_fuzz.sh once lost its table to ``timeout``)."""
+    path = tmp_path / "fuzz.json"
+    assert main(["--backends", "torch", "--cases", "4", "--no-isolate", "--quiet", "--time-limit", "0",
+                 "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "0 cases in" in out and "(time limit: 4 not started)" in out, out
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(lines) == 1 and "counts" in lines[0], lines
+    cases = fuzz.draw_cases(["torch"], 3, 0, fuzz.CPU)
+    ran = []
+    run_cases(cases, isolate=False, on_result=ran.append, deadline=float("inf"))
+    assert len(ran) == 3
+    with pytest.raises(SystemExit):
+        main(["--time-limit", "-1"])
+
+
 def test_unaligned_inputs_run_the_heads_major_tiles(monkeypatch):
     """Issue 10: neither the wgmma kernel nor the tokens-major tile gets inputs whose rows are
     not 16-byte aligned, whatever the row and head count; they run the heads-major tiles."""

@@ -96,8 +96,12 @@ def run_cases(
     env: dict[str, str] | None = None,
     on_result: Callable[[CaseResult], None] | None = None,
     jobs: int = 1,
+    deadline: float | None = None,
 ) -> Summary:
     """Run every case; returns the :class:`Summary`.
+
+    ``deadline`` (a ``time.perf_counter()`` value): no case is started after it; the cases
+    already running finish and are counted (a time-boxed sweep still reports what it did).
 
     ``isolate=False`` runs them in this process (the CPU interpreter cannot lose a device
     context): an exception is the case's ``error``. With ``isolate``, ``jobs`` workers run
@@ -117,10 +121,11 @@ def run_cases(
                 on_result(result)
 
     if not isolate:
-        while not todo.empty():
+        while not todo.empty() and not _past(deadline):
             record(_run_here(todo.get()))
         return summary
-    threads = [threading.Thread(target=_drain, args=(todo, timeout, env, record)) for _ in range(max(1, jobs))]
+    threads = [threading.Thread(target=_drain, args=(todo, timeout, env, record, deadline))
+               for _ in range(max(1, jobs))]
     for t in threads:
         t.start()
     for t in threads:
@@ -128,11 +133,17 @@ def run_cases(
     return summary
 
 
-def _drain(todo: queue.Queue, timeout: float, env, record: Callable[[CaseResult], None]) -> None:
-    """One worker slot: take cases until none is left, replacing the worker after a crash."""
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.perf_counter() >= deadline
+
+
+def _drain(todo: queue.Queue, timeout: float, env, record: Callable[[CaseResult], None],
+           deadline: float | None = None) -> None:
+    """One worker slot: take cases until none is left (or the deadline passed), replacing the
+    worker after a crash."""
     worker = None
     try:
-        while True:
+        while not _past(deadline):
             try:
                 case = todo.get_nowait()
             except queue.Empty:
@@ -203,6 +214,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-isolate", action="store_true", help="run cases in this process")
     p.add_argument("--jobs", type=int, default=1, help="worker processes side by side")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per case before a crash is declared")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="seconds after which no new case starts (the counts of those run are printed)")
     p.add_argument("--json", default=None, help="write every result, then the counts, here (JSON lines)")
     p.add_argument("--quiet", action="store_true", help="print failures only")
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
@@ -210,6 +223,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     for name in ("cases", "timeout", "jobs"):
         if getattr(args, name) <= 0:
             p.error(f"--{name} must be > 0, got {getattr(args, name)}")
+    if args.time_limit is not None and args.time_limit < 0:
+        p.error(f"--time-limit must be >= 0, got {args.time_limit}")
     return args
 
 
@@ -245,9 +260,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"out_err={r.out_err:.3g} {r.seconds:.2f}s" + (f"\n    {r.message}" if r.status != "ok" else ""),
                   flush=True)
 
+    deadline = None if args.time_limit is None else t0 + args.time_limit
     summary = run_cases(cases, isolate=not args.no_isolate, timeout=args.timeout, on_result=report,
-                        jobs=args.jobs)
-    print(f"\n{len(results)} cases in {time.perf_counter() - t0:.0f} s\n{summary.table()}")
+                        jobs=args.jobs, deadline=deadline)
+    stopped = f" (time limit: {len(cases) - len(results)} not started)" if len(results) < len(cases) else ""
+    print(f"\n{len(results)} cases in {time.perf_counter() - t0:.0f} s{stopped}\n{summary.table()}")
     if log:
         log.write(json.dumps({"counts": summary.counts, "kernels": summary.kernels}) + "\n")
         log.close()
