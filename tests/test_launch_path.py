@@ -117,6 +117,33 @@ def test_launch_plans_are_memoised_per_shape():
     assert plan_trtllm(2, 20, 300, 4) == p and plan_trtllm(2, 20, 300, 4) is not p
 
 
+@pytest.mark.parametrize("name", ["trtllm", "flashmla_mega"])
+def test_clear_launch_plans_reaches_backends_and_bound_calls(name):
+    """After a launch-settings change and clear_launch_plans(), a backend's next plan and
+    forward use the new settings: neither its plan lookup nor the metadata's bound call keeps
+    the old plan (a tile sweep over live backends would otherwise time the old tile)."""
+    q, kv, idx = _inputs()
+    backend = get_backend_class(name)(q.shape[1], idx.shape[1], q.dtype)
+    md = backend.make_metadata(3)
+    backend.plan(md, idx)
+    before = backend.launch_plan(md, 3)
+    call = backend.bound_call(md, q, kv)
+    path = backend.kernel_spec.name
+    table = current_platform().launch_table
+    new_block = 8 if before.main.kwargs["BLOCK_N"] != 8 else 16
+    try:
+        with table.override(path, BLOCK_N=new_block):
+            launch.clear_launch_plans()
+            backend.plan(md, idx)
+            after = backend.launch_plan(md, 3)
+            assert after.main.kwargs["BLOCK_N"] == new_block, f"backend '{name}' kept {before.main}"
+            assert backend.bound_call(md, q, kv) is not call, f"backend '{name}': stale bound call"
+            _check(name, q, kv, idx, backend, *backend.forward(q, kv, md))
+    finally:
+        launch.clear_launch_plans()
+    assert backend.launch_plan(md, 3).main.kwargs["BLOCK_N"] == before.main.kwargs["BLOCK_N"]
+
+
 def _compiled_matches_eager(name, device):
     q, kv, idx = _inputs(device=device, dtype=torch.float16 if device.type == "cpu" else torch.bfloat16)
     backend = get_backend_class(name)(q.shape[1], idx.shape[1], q.dtype)

@@ -56,6 +56,7 @@ class TritonBackend(AttentionBackend):
         self._bind = getattr(self._module, f"bind_{self.kernel_spec.name}")
         self._plans: dict[tuple[int, bool, int], LaunchPlan] = {}
         self._last_planned: tuple[int, int, int] | None = None
+        self._plans_epoch = storage_epoch()
 
     def make_metadata(self, max_rows: int) -> GraphMetadata:
         """Reserve the counter and the split-KV workspace that :func:`split_plan` says this
@@ -89,6 +90,10 @@ class TritonBackend(AttentionBackend):
         """The memoised :class:`LaunchPlan` for ``rows`` query rows on ``metadata``'s workspace
         (``aligned``: q and kv rows 16-byte aligned). Host side; cheap after the first call."""
         ws = metadata.workspace_splits(rows) if self.uses_workspace else 0
+        epoch = storage_epoch()
+        if epoch != self._plans_epoch:  # settings changed (clear_launch_plans) or storage grew
+            self._plans.clear()
+            self._plans_epoch = epoch
         key = (rows, aligned, ws)
         plan = self._plans.get(key)
         if plan is None:

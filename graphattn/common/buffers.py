@@ -26,9 +26,18 @@ _storage_epoch = 0  # bumped whenever any buffer replaces its storage
 
 def storage_epoch() -> int:
     """A number that changes whenever any :class:`GrowOnlyBuffer` replaces its storage (it grew
-    before capture). Objects that keep views of buffers across calls (bound launch calls)
-    compare it to know their views are still the live storage."""
+    before capture), or :func:`forget_kept_calls` is called. Objects that keep views of buffers
+    across calls (bound launch calls, backends' launch plans) compare it to know their views are
+    still the live storage and their settings still current."""
     return _storage_epoch
+
+
+def forget_kept_calls() -> None:
+    """Make everything kept against :func:`storage_epoch` be rebuilt on its next use, as after a
+    storage change (``kernels.launch.clear_launch_plans`` calls it when launch settings change).
+    Costs one rebuild per kept call; never touches any storage."""
+    global _storage_epoch
+    _storage_epoch += 1
 
 
 class PaddingRows:

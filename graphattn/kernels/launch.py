@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from ..common.buffers import forget_kept_calls
 from ..common.platform import kernels_interpreted, triton_interpreter_env
 from ..common.validation import env_choice
 
@@ -292,9 +293,12 @@ def memoised(fn: Callable[..., LaunchPlan]) -> Callable[..., LaunchPlan]:
 
 
 def clear_launch_plans() -> None:
-    """Forget memoised plans (after changing launch settings, e.g. ``cuda.configs.override``)."""
+    """Forget memoised plans (after changing launch settings, e.g. ``cuda.configs.override``),
+    and with them the plans backends and metadata keep (their bound calls and plan lookups are
+    kept against ``common.buffers.storage_epoch``, which this advances)."""
     for cached in _MEMOISED:
         cached.cache_clear()
+    forget_kept_calls()
 
 
 def aligned_16(q: torch.Tensor, kv: torch.Tensor) -> bool:
