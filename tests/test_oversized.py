@@ -91,8 +91,8 @@ def test_oversized_eager_step_runs_on_temporaries(name, caplog):
     for buf_name, (ptr, data) in snapshot(md).items():
         assert ptr == before[buf_name][0], f"backend '{name}': '{buf_name}' replaced by an oversized step"
         assert torch.equal(data, before[buf_name][1]), f"backend '{name}': '{buf_name}' written by an oversized step"
-    assert all(key[1] <= md.capacity for key in md._bound), (
-        f"backend '{name}': a bound launch call was kept for rows beyond the capacity: {list(md._bound)}")
+    assert all(key[1] <= md.capacity for key in md._bound.current()), (
+        f"backend '{name}': a bound launch call was kept for rows beyond the capacity: {list(md._bound.current())}")
     for rows in (2, 1, RESERVED):  # replays and a within-capacity eager step still work
         q, idx = step_inputs(rows)
         backend.plan(md, idx)

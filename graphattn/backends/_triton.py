@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..common.buffers import storage_epoch
+from ..common.buffers import EpochDict, storage_epoch
 from ..common.capture import is_capturing
 from ..common.metadata import GraphMetadata
 from ..common.platform import current_gpu_index
@@ -54,9 +54,8 @@ class TritonBackend(AttentionBackend):
         self._module = importlib.import_module(f"graphattn.kernels.{self.kernel_spec.name}")
         self._op = self.kernel_spec.op
         self._bind = getattr(self._module, f"bind_{self.kernel_spec.name}")
-        self._plans: dict[tuple[int, bool, int], LaunchPlan] = {}
-        self._last_planned: tuple[int, int, int] | None = None
-        self._plans_epoch = storage_epoch()
+        self._plans = EpochDict()  # (rows, aligned, workspace splits) -> LaunchPlan
+        self._last_planned: tuple[int, int, int] | None = None  # (id(metadata), rows, epoch)
 
     def make_metadata(self, max_rows: int) -> GraphMetadata:
         """Reserve the counter and the split-KV workspace that :func:`split_plan` says this
@@ -77,10 +76,10 @@ class TritonBackend(AttentionBackend):
         ``forward`` gets (``max(rows, pad_to)``), so ``forward`` only looks it up."""
         super().plan(metadata, indices, pad_to, check_indices, pool_tokens)
         # A decode loop plans the same rows on the same metadata step after step: the memoised
-        # plan is looked up again only when either changes or a buffer's storage was replaced
-        # (the workspace's size sets the split count).
-        # Keyed by id(): holding the metadata would keep its buffers alive; an id reused by a
-        # later metadata only skips this prebuild (forward builds the plan when it is missing).
+        # plan is looked up again (~1 µs: the workspace's split count, the key) only when either
+        # changes or the storage epoch moved. Keyed by id(): holding the metadata would keep its
+        # buffers alive; an id reused by a later metadata only skips this prebuild (forward
+        # builds the plan when it is missing).
         key = (id(metadata), metadata.num_planned_rows, storage_epoch())
         if key != self._last_planned:
             self.launch_plan(metadata, key[1])
@@ -90,14 +89,11 @@ class TritonBackend(AttentionBackend):
         """The memoised :class:`LaunchPlan` for ``rows`` query rows on ``metadata``'s workspace
         (``aligned``: q and kv rows 16-byte aligned). Host side; cheap after the first call."""
         ws = metadata.workspace_splits(rows) if self.uses_workspace else 0
-        epoch = storage_epoch()
-        if epoch != self._plans_epoch:  # settings changed (clear_launch_plans) or storage grew
-            self._plans.clear()
-            self._plans_epoch = epoch
+        plans = self._plans.current()  # emptied after clear_launch_plans() or a storage change
         key = (rows, aligned, ws)
-        plan = self._plans.get(key)
+        plan = plans.get(key)
         if plan is None:
-            plan = self._plans[key] = self._build_plan(rows, aligned, ws)
+            plan = plans[key] = self._build_plan(rows, aligned, ws)
         return plan
 
     def _build_plan(self, rows: int, aligned: bool, ws_splits: int) -> LaunchPlan:

@@ -180,8 +180,8 @@ class ModeBench:
         more = 0
         if self.platform.has_gpu:
             self.platform.synchronize()
-            per_step = (time.perf_counter() - t0) / max(warmup, 1)
-            more = int(max(WARMUP_S - (time.perf_counter() - t0), 0.0) / max(per_step, 1e-6))
+            elapsed = time.perf_counter() - t0
+            more = int(max(WARMUP_S - elapsed, 0.0) / max(elapsed / max(warmup, 1), 1e-6))
         for i in range(warmup, warmup + self.agree_steps(more)):
             self.run(qs, idx[i % 2])
         samples, done = [], 0

@@ -32,6 +32,30 @@ def storage_epoch() -> int:
     return _storage_epoch
 
 
+class EpochDict:
+    """A dict of things kept against :func:`storage_epoch` (bound calls, launch plans): it is
+    emptied on the first use after the epoch changed, so nothing in it outlives the storage
+    or the launch settings it was made for."""
+
+    __slots__ = ("_items", "_epoch")
+
+    def __init__(self) -> None:
+        self._items: dict[Any, Any] = {}
+        self._epoch = _storage_epoch
+
+    def current(self) -> dict[Any, Any]:
+        """The dict, emptied first if the epoch changed since it was last asked for."""
+        if self._epoch != _storage_epoch:
+            self._items.clear()
+            self._epoch = _storage_epoch
+        return self._items
+
+    def is_current(self) -> bool:
+        """False once the epoch changed after the last :meth:`current` (something built in
+        between may hold views of replaced storage: do not keep it)."""
+        return self._epoch == _storage_epoch
+
+
 def forget_kept_calls() -> None:
     """Make everything kept against :func:`storage_epoch` be rebuilt on its next use, as after a
     storage change (``kernels.launch.clear_launch_plans`` calls it when launch settings change).

@@ -21,7 +21,7 @@ from typing import Any, Callable, Hashable, Iterator
 
 import torch
 
-from .buffers import GrowOnlyBuffer, OverflowPolicy, PaddingRows, storage_epoch
+from .buffers import EpochDict, GrowOnlyBuffer, OverflowPolicy, PaddingRows
 from .capture import is_capturing
 from .errors import CaptureCapacityError
 from .platform import indexed_device
@@ -101,9 +101,8 @@ class GraphMetadata:
         self._pending_index_check = False  # plan(check_indices=True) without the pool size
         self._ws_views: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._q_heads: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # rows -> (q_pad rows, real heads)
-        self._bound: dict[Hashable, Any] = {}
+        self._bound = EpochDict()  # key -> bound call
         self._padding = PaddingRows()  # index-table rows a step may have written
-        self._bound_epoch = storage_epoch()
         # The oversized step's temporary index table ([num_planned_rows, topk] int32), or None.
         self._oversized: torch.Tensor | None = None
         self._oversized_logged = False
@@ -285,16 +284,14 @@ class GraphMetadata:
         """A launch-ready call over this metadata's views, kept per ``key`` (``build()`` makes
         it on a miss; ``None`` is not kept). Every kept call is forgotten when any buffer's
         storage is replaced, so none outlives the views it holds. Host side, eager only."""
-        if self._bound_epoch != storage_epoch():
-            self._bound.clear()
-            self._bound_epoch = storage_epoch()
-        call = self._bound.get(key)
+        bound = self._bound.current()
+        call = bound.get(key)
         if call is None:
             call = build()
-            if call is not None and self._bound_epoch == storage_epoch():
-                if len(self._bound) >= _MAX_BOUND_CALLS:  # prefill chunks of many sizes
-                    self._bound.clear()
-                self._bound[key] = call
+            if call is not None and self._bound.is_current():
+                if len(bound) >= _MAX_BOUND_CALLS:  # prefill chunks of many sizes
+                    bound.clear()
+                bound[key] = call
         return call
 
     # -- replays --------------------------------------------------------------------------

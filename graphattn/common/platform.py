@@ -90,8 +90,7 @@ _cuda_get_device = getattr(torch._C, "_cuda_getDevice", None)
 _NO_SCOPE = nullcontext()  # reusable: entering it does nothing
 # torch.cuda.is_current_stream_capturing without its Python wrapper (asked on every eager call;
 # ROCm builds answer with hipStreamIsCapturing under the same name).
-_cuda_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or (
-    lambda: torch.cuda.is_current_stream_capturing())
+_cuda_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
 
 
 def current_gpu_index() -> int:
