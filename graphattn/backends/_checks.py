@@ -32,7 +32,7 @@ class BackendChecks:
         """Everything :meth:`plan` checks before writing (host side)."""
         try:  # the hot path: one comparison chain; the messages below only when it fails
             fast = (indices.dtype == torch.int32 and indices.dim() == 2
-                    and indices.shape[1] == metadata.topk and indices.device.type != "meta"
+                    and indices.shape[1] == metadata.topk and not indices.is_meta
                     and (pad_to is None or (type(pad_to) is int and pad_to >= indices.shape[0]))
                     and isinstance(metadata, GraphMetadata))
         except AttributeError:
@@ -76,10 +76,11 @@ class BackendChecks:
         rows = q.shape[0]
         try:
             o, lse = out
-            ok = (tuple(o.shape) == (rows, self.num_heads, D_V) and o.dtype == q.dtype
-                  and tuple(lse.shape) == (rows, self.num_heads) and lse.dtype == torch.float32
+            device = q.device  # one comparison chain, asked on every call that passes out
+            ok = (o.shape == (rows, self.num_heads, D_V) and o.dtype == q.dtype
+                  and lse.shape == (rows, self.num_heads) and lse.dtype == torch.float32
                   and o.is_contiguous() and lse.is_contiguous()
-                  and o.device == q.device and lse.device == q.device)
+                  and o.device == device and lse.device == device)
         except (TypeError, ValueError, AttributeError):
             ok = False
         if not ok:
@@ -117,13 +118,14 @@ class BackendChecks:
         except AttributeError:  # zero cost unless raised: no isinstance on the hot path
             raise TypeError(f"{self.name}: q and kv must be tensors, got {type(q).__name__} and "
                             f"{type(kv).__name__}") from None
-        if self.unit_stride_only and (q.stride(-1) != 1 or kv.stride(-1) != 1):
+        if self.unit_stride_only and (q.stride()[-1] != 1 or kv.stride()[-1] != 1):
             raise ValueError(
                 f"{self.name}: q and kv need a contiguous last dim (stride 1), got q strides "
                 f"{q.stride()}, kv strides {kv.stride()}; pass .contiguous()"
             )
         self.check_metadata(metadata)
-        if kv.device != q.device or metadata.indices.tensor.device != q.device:
+        device = q.device  # the metadata's device is a plain attribute (its buffers' device)
+        if kv.device != device or metadata.device != device:
             self._device_error(q, kv, metadata)
         if q.shape[0] > metadata.checked_rows:  # the slow path: unplanned rows, pending checks
             metadata.check_forward(q.shape[0], kv.shape[0], self.name)

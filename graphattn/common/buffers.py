@@ -191,12 +191,20 @@ class GrowOnlyBuffer:
         captured, since the graph now holds its address. Past the captured capacity the
         overflow policy applies (a TEMPORARY buffer returns a fresh, filled tensor).
         """
+        compiling = torch.compiler.is_compiling()
+        # The hot path (every plan() and eager call): one view object per row count, kept
+        # until the storage is replaced; a dict lookup, not a slice.
+        view = None if compiling else self._views.get(rows)
+        if view is not None:
+            if not self._captured and is_capturing():
+                self._captured = True  # the graph now holds this storage's address
+            return view
         rows = int(rows)
         if rows < 0:
             raise ValueError(f"buffer '{self.name}': rows must be >= 0, got {rows}")
         # torch.compile traces shapes, not captures (and cannot trace the platform query);
         # a graph taken of the compiled code marks the metadata through its runner.
-        capturing = False if torch.compiler.is_compiling() else is_capturing()
+        capturing = False if compiling else is_capturing()
         if rows > self.capacity:
             if capturing:
                 raise CaptureCapacityError(self.name, self.capacity, rows)
@@ -208,13 +216,9 @@ class GrowOnlyBuffer:
                 raise CapturedBufferGrowthError(self.name, self.capacity, rows)
         if capturing:
             self._captured = True
-        if torch.compiler.is_compiling():
+        if compiling:
             return self._data[:rows]
-        # One view object per row count (an eager call then costs a dict lookup, not a slice);
-        # forgotten whenever the storage is replaced.
-        view = self._views.get(rows)
-        if view is None:
-            view = self._views[rows] = self._data[:rows]
+        view = self._views[rows] = self._data[:rows]
         return view
 
     def temporary(self, rows: int) -> torch.Tensor:

@@ -307,7 +307,7 @@ class GraphMetadata:
             )
         n = indices.shape[0]
         rows = max(n, pad_to or 0)
-        if rows > self.indices.capacity and self.indices.captured:
+        if self.indices.captured and rows > self.indices.capacity:
             self._refresh_oversized(indices, rows)
             return
         self._oversized = None

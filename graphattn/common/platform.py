@@ -91,6 +91,20 @@ _NO_SCOPE = nullcontext()  # reusable: entering it does nothing
 # torch.cuda.is_current_stream_capturing without its Python wrapper (asked on every eager call;
 # ROCm builds answer with hipStreamIsCapturing under the same name).
 _cuda_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
+_gpu_initialised = False  # set once torch has initialised CUDA/HIP; it never goes back
+
+
+def gpu_stream_capturing() -> bool:
+    """Whether the current CUDA/HIP stream is in a real graph capture, whichever platform object
+    is in use (a capture is a fact of the process's stream, not of a platform). False until
+    torch has initialised the GPU (no capture can have begun; the query would initialise it);
+    one C call after that. Asked on every eager call and every ``plan()``."""
+    global _gpu_initialised
+    if not _gpu_initialised:
+        if not torch.cuda.is_initialized():
+            return False
+        _gpu_initialised = True
+    return _cuda_is_capturing()
 
 
 def current_gpu_index() -> int:

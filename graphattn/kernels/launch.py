@@ -110,12 +110,6 @@ class _Triton:
             return None
         return launch, launcher.launch_cooperative_grid, launcher.launch_pdl
 
-    @classmethod
-    def hooks_active(cls) -> bool:
-        # Triton 3.6 keeps an always-present (usually empty) HookChain; older versions None.
-        hook = cls.knobs.launch_enter_hook
-        return hook is not None and bool(getattr(hook, "calls", True))
-
 
 class Launch:
     """One kernel launch: ``fn[grid](*args, **kwargs)`` with fixed constexprs and options.
@@ -174,7 +168,7 @@ class Launch:
         launcher, packed, tail = kernel.run, kernel.packed_metadata, self._tail
         g0, g1, g2 = self._grid3
         device = _Triton.device()
-        stream, hooks_active = _Triton.stream, _Triton.hooks_active
+        stream, knobs = _Triton.stream, _Triton.knobs
         raw = _Triton.raw_launcher(launcher)
         if raw is not None:
             # Triton 3.6's CudaLauncher.__call__ only adds (no) scratch buffers and its launch
@@ -185,7 +179,10 @@ class Launch:
             entry, middle = launcher, (packed, None, None, None)
 
         def launch(*a: Any) -> None:
-            if hooks_active():  # a profiler wants to see the launch: Triton's own path
+            # A profiler's launch hook wants to see the launch: Triton's own path. Triton 3.6
+            # keeps an always-present, usually empty HookChain; older versions None.
+            hook = knobs.launch_enter_hook
+            if hook is not None and getattr(hook, "calls", True):
                 self(*a)
             else:
                 entry(g0, g1, g2, stream(device), function, *middle, *a, *tail)
