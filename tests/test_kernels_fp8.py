@@ -1,8 +1,9 @@
 """Every kernel path reading 656-byte FP8 KV tokens, against the float64 reference of the
 dequantised cache (CPU: the Triton interpreter; GPU: compiled).
 
-The kernels load each token's bytes, bitcast the nope part to the platform's FP8 format, scale
-it per 128-value tile and round it to q's dtype before the products; the reference dequantises
+The kernels load each token's bytes, bitcast the nope part to the platform's FP8 format and
+convert it exactly to q's dtype; the per-128-value scales multiply the float32 score products
+and the softmax weights (rounded to q's dtype), never the tile. The reference dequantises
 exactly (float64). Both FP8 formats run under the interpreter; a GPU runs only its own.
 """
 
@@ -50,7 +51,7 @@ def fp8_inputs(rows, heads, topk, pool, dtype, fmt):
 
 def check_fp8(path, q, kv8, idx, sm_scale, out, lse, counter, fmt):
     ref_out, ref_lse = sparse_mla_reference(q, kv8, idx, sm_scale, fp8_dtype=fmt)
-    # The products run on the dequantised values rounded to q's dtype: FP8's own tolerance.
+    # The weights p * scale are rounded to q's dtype for the PV product: FP8's own tolerance.
     tol = tolerance(q.dtype, "fp8")
     where = f"[{path} fp8 {fmt} rows={q.shape[0]} heads={q.shape[1]} topk={idx.shape[1]} {q.dtype}]"
     assert out.shape == ref_out.shape and out.dtype == q.dtype, f"{where} out {out.shape} {out.dtype}"

@@ -312,9 +312,9 @@ class AttentionBackend(BackendChecks):
     def kv_rows_float(self, rows: torch.Tensor) -> torch.Tensor:
         """Gathered kv rows ``[..., 576]`` (q's dtype) or ``[..., 656]`` uint8 (FP8 tokens,
         dequantised in the platform's format) as float32 ``[..., 576]``. Capturable."""
-        if self.kv_fp8:  # rounded to q's dtype first, as the kernels and the reference do
+        if self.kv_fp8:  # nope fp8 x scale in float32, rope in q's dtype: as the kernels and the reference
             half = self.dtype in (torch.bfloat16, torch.float16)
-            return dequantize_kv(rows, self.platform.fp8_dtype, self.dtype if half else torch.float32).float()
+            return dequantize_kv(rows, self.platform.fp8_dtype, torch.float32, rope_dtype=self.dtype if half else None)
         return rows.float()
 
     def __repr__(self) -> str:

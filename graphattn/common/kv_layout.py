@@ -173,12 +173,13 @@ def quantize_kv(kv: torch.Tensor, fp8_dtype: torch.dtype | None = None,
 
 
 def dequantize_kv(kv: torch.Tensor, fp8_dtype: torch.dtype | None = None,
-                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                  dtype: torch.dtype = torch.float32, rope_dtype: torch.dtype | None = None) -> torch.Tensor:
     """656-byte tokens ``kv [..., 656]`` uint8 -> ``[..., 576]`` in ``dtype``. Capturable.
 
     ``nope[i] = fp8[i] * scale[i // 128]``, computed in float64 when ``dtype`` is float64 (then
-    exact) and in float32 otherwise; rope converted from bf16. ``fp8_dtype`` is the format the
-    tokens were written in (default: the platform's).
+    exact) and in float32 otherwise; rope converted from bf16 (through ``rope_dtype`` first when
+    given: the kernels multiply it in q's dtype). ``fp8_dtype`` is the format the tokens were
+    written in (default: the platform's).
     """
     fp8 = fp8_format(fp8_dtype)
     check_fp8_kv("dequantize_kv", kv)
@@ -191,6 +192,8 @@ def dequantize_kv(kv: torch.Tensor, fp8_dtype: torch.dtype | None = None,
     scale = kv[..., SCALE_OFFSET:ROPE_OFFSET].view(torch.float32)  # [..., 4]
     nope = (nope * scale[..., None]).reshape(*lead, D_NOPE)
     rope = kv[..., ROPE_OFFSET:].view(torch.bfloat16)
+    if rope_dtype is not None and rope_dtype != torch.bfloat16:
+        rope = rope.to(rope_dtype)
     return torch.cat([nope, rope], dim=-1).to(dtype)
 
 

@@ -34,13 +34,14 @@ def sparse_mla_reference(
 
     Rows are processed ``chunk_rows`` at a time so the gathered KV stays small. FP8 ``kv``
     (uint8 ``[pool, 656]``) is dequantised first, read as ``fp8_dtype`` (default: the
-    platform's format), into q's dtype when that is bf16/fp16 (what the kernels multiply).
+    platform's format): exactly, as the kernels multiply it.
     """
     if is_fp8_kv(kv):
-        # [pool, 576]: the cache as the kernels multiply it, dequantised (fp8 x float32 scale)
-        # and rounded to q's dtype (bf16/fp16 products after dequantisation, as FlashMLA's FP8
-        # kernels do); exact for float32/float64 q.
-        kv = dequantize_kv(kv, fp8_dtype, q.dtype if q.dtype in _HALF else torch.float64)
+        # [pool, 576]: the cache as the kernels multiply it. They take the FP8 values exactly
+        # (in q's dtype) and apply each token's float32 scales to the float32 products, so the
+        # nope part is exact here (fp8 x scale in float64); the bf16 rope part is multiplied in
+        # q's dtype (rounded for fp16).
+        kv = dequantize_kv(kv, fp8_dtype, torch.float64, rope_dtype=q.dtype if q.dtype in _HALF else None)
     if q.dim() != 3 or kv.dim() != 2 or indices.dim() != 2:
         raise ValueError(
             f"expected q [rows, heads, d], kv [pool, d], indices [rows, topk]; got "

@@ -32,13 +32,25 @@ TOLERANCES = {
     torch.bfloat16: Tolerance(torch.bfloat16, 1e-2, 1.6e-2, 1e-3, 1e-4),
 }
 
-# FP8 KV (656-byte tokens) is compared with the reference of the cache dequantised the way the
-# kernels multiply it (fp8 x float32 scale, rounded to q's dtype, on a GPU and under the
-# interpreter alike; the quantisation error itself is docs/backends.md's), so it is held to the
-# plain tolerances. Against the *exact* dequantised values, the rounding of each value to bf16
-# (relative 2^-9) showed on the H200 as out errors up to 0.07 where attention concentrates on a
-# few tokens: that is what this comparison leaves out, not a looser bar.
-FP8_TOLERANCES = TOLERANCES
+# FP8 KV (656-byte tokens) is compared with the reference of the *exactly* dequantised cache,
+# which is what the kernels multiply: they take the FP8 values exactly in q's dtype (e4m3 has 4
+# significant bits) and apply each token's float32 block scale to the float32 products, so the
+# scores (and lse) carry no dequantisation rounding at all. The output does: it is
+# ``sum_n w_n v_n / sum_n p_n`` with the weights ``w_n = p_n * scale_n`` rounded to q's dtype
+# (unit roundoff u = 2^-9 bf16, 2^-11 fp16) before the PV product. With |dw_n| <= u w_n,
+#     |d out_d| <= u * sum_n p_n |scale_n fp8_nd| / sum_n p_n <= u * max_n |v_nd|,
+# the same bound as the plain path's rounded probabilities, but the plain path's largest weight
+# (p = 1) is exact and here it is not (p * scale rarely is a bf16/fp16 value), so the bound is
+# approached where attention concentrates on a few tokens. With FP8 caches of amplitude ~18
+# (the kernel tests quantise 4 x N(0, 1)) the bound is 0.035 in bf16 and 0.009 in fp16; the
+# interpreter, which rounds the weights as a GPU does, measured up to 1.2x the plain atol
+# (0.0118 bf16, 0.0024 fp16). Hence twice the plain atol for out; rtol and the lse pair stay
+# the plain ones (lse errors measured ~1e-3 of its tolerance). float32 q rounds nothing.
+FP8_TOLERANCES = {
+    dtype: Tolerance(dtype, tol.atol * (2 if dtype in (torch.float16, torch.bfloat16) else 1),
+                     tol.rtol, tol.lse_atol, tol.lse_rtol)
+    for dtype, tol in TOLERANCES.items()
+}
 
 
 def tolerance(dtype: torch.dtype, kv_dtype: str = "auto") -> Tolerance:

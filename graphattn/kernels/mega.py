@@ -15,7 +15,7 @@ from ..common.kv_layout import is_fp8_kv
 from ..common.metadata import D_QK, D_V
 from ..common.platform import Platform, current_platform, device_scope
 from . import checks
-from ._core import LOG2E, _attend_range, _finalize, _load_q, _store_final
+from ._core import LOG2E, _attend_row, _finalize, _store_final
 from ._jit import jit, tl
 from .launch import MEGA, KeyedLaunch, LaunchPlan, call_key, make_launch, memoised
 from .plan import cdiv, empty_outputs, kv_fp8_constexpr, launch_parts, path_config
@@ -37,10 +37,9 @@ def _mega_kernel(
     hb = pid % head_blocks
     row = pid // head_blocks
     h_offs = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    q_nope, q_rope = _load_q(q_ptr, row, h_offs, H, stride_qr, stride_qh, D_NOPE, D_ROPE, DOT_F32)
-    acc, m, l = _attend_range(q_nope, q_rope, kv_ptr, stride_kv, idx_ptr + row.to(tl.int64) * stride_ir,
-                              pool, 0, topk, qk_scale, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32, IDX_AHEAD,
-                              KV_MAJOR, KV_FP8, q_ptr.dtype.element_ty)
+    acc, m, l = _attend_row(q_ptr, row, h_offs, H, stride_qr, stride_qh, kv_ptr, stride_kv,
+                            idx_ptr + row.to(tl.int64) * stride_ir, pool, 0, topk, qk_scale,
+                            BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DOT_F32, IDX_AHEAD, KV_MAJOR, KV_FP8)
     out, lse = _finalize(acc, m, l)
     _store_final(out_ptr, lse_ptr, row, h_offs, H, out, lse, D_NOPE)
 
