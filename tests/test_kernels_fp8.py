@@ -104,8 +104,9 @@ def test_fp8_tokens_need_the_656_byte_layout():
 
 
 def test_sm90_flashmla_reads_fp8_with_a_triton_tile(monkeypatch):
-    """The Gluon wgmma kernel does not read FP8 tokens yet: where sm_90's settings choose it,
-    FP8 kv runs flashmla's heads-major Triton tiles (the tokens-major tile stays as chosen)."""
+    """The Gluon wgmma kernel does not read FP8 tokens yet and the tokens-major tile spills
+    with them: FP8 kv runs flashmla's heads-major Triton tiles at sm_90's FP8 warp count
+    (where those tiles do not spill), at every row count."""
     from graphattn.cuda import configs as cuda_configs
     from graphattn.kernels import flashmla
 
@@ -115,7 +116,10 @@ def test_sm90_flashmla_reads_fp8_with_a_triton_tile(monkeypatch):
     kv8 = kv_layout.quantize_kv(torch.randn(100, 576))
     assert flashmla.kernel_name(q, kv8, 2048) == "triton"
     kernel, cfg = flashmla._split_kernel(q, kv8, 2048)
-    assert kernel is flashmla._flashmla_split_kernel and cfg == flashmla.path_config("flashmla_triton", 4, 64, 2048)
-    assert flashmla.kernel_name(q[:1], kv8, 2048) == "triton_kv_major"
+    assert kernel is flashmla._flashmla_split_kernel
+    assert cfg == flashmla.path_config("flashmla", 4, 64, 2048, kv_fp8=True)
+    assert cfg["num_warps"] == cuda_configs.FP8_NUM_WARPS and not cfg["KV_MAJOR"], cfg
+    assert flashmla.kernel_name(q[:1], kv8, 2048) == "triton"
+    assert flashmla.kernel_name(q[:1], q.new_empty(100, 576), 2048) == "triton_kv_major"  # plain kv
     plan = flashmla._plan(current_platform(), 4, 64, 2048, 8, True, True)
     assert plan.main.kwargs["KV_FP8"] == 1 and plan.kernel == "triton", plan

@@ -64,7 +64,7 @@ class TritonBackend(AttentionBackend):
         Host side, not capturable; see :meth:`AttentionBackend.make_metadata`.
         """
         check_int(f"{self.name}.make_metadata", "max_rows", max_rows, 1)
-        plan = split_plan(self.kernel_spec.name, self.num_heads, self.topk, self.platform)
+        plan = split_plan(self.kernel_spec.name, self.num_heads, self.topk, self.platform, self.kv_fp8)
         return GraphMetadata(max_rows, self.num_heads, self.topk, self.dtype, self.device,
                              **plan.metadata_kwargs())
 

@@ -97,30 +97,40 @@ _TILES = (
     (16, (16, 64, 4, 2, 0)),
     (1 << 30, (32, 32, 4, 3, 1)),
 )
+# FP8 KV (656-byte tokens) converts the bytes to q's dtype in four 128-column blocks, with a
+# float32 score accumulator per block: at 4 warps the 32 x 32 tile spills 150-200 B per thread
+# and the 16 x 64 tile 200-580 B (ptxas -v, sm_90, docs/benchmarks.md); at 8 warps neither
+# spills (16 x 64: 176 registers). The tokens-major tile spills ~570 B with FP8, and the Gluon
+# kernel does not read FP8 yet, so FP8 runs these heads-major tiles on every path.
+FP8_NUM_WARPS = 8
 _COMBINE = {"num_warps": 4, "num_stages": 1}
 # "flashmla_triton": flashmla's heads-major Triton tiles only, for inputs that are not 16-byte
 # aligned (neither the wgmma kernel nor the tokens-major tile can take them).
 _PATHS = ("flashmla", "flashmla_triton", "trtllm", "mega", "flashmla_combine")
 
 
-def _tiles(heads: int) -> dict[str, Any]:
+def _tiles(heads: int, kv_fp8: bool = False) -> dict[str, Any]:
     for max_heads, (bh, bn, warps, stages, ahead) in _TILES:
         if heads <= max_heads:
             return {"BLOCK_H": bh, "BLOCK_N": bn, "IDX_AHEAD": ahead, "KV_MAJOR": 0,
-                    "num_warps": warps, "num_stages": stages}
+                    "num_warps": FP8_NUM_WARPS if kv_fp8 else warps, "num_stages": stages}
     raise AssertionError("unreachable: the last _TILES row covers every head count")
 
 
 def kernel_config(path: str, rows: int = 1, heads: int = 64, topk: int = 2048,
-                  capability: tuple[int, int] = (9, 0)) -> dict[str, Any]:
+                  capability: tuple[int, int] = (9, 0), kv_fp8: bool = False) -> dict[str, Any]:
     """Launch settings for kernel ``path`` at ``rows x heads x topk`` on a GPU of compute
-    ``capability`` (the Triton tiles are tuned on sm_90 and used on every NVIDIA GPU)."""
+    ``capability`` (the Triton tiles are tuned on sm_90 and used on every NVIDIA GPU);
+    ``kv_fp8``: kv is 656-byte FP8 tokens (the heads-major tiles at :data:`FP8_NUM_WARPS`)."""
     if path not in _PATHS:
         raise ValueError(f"Unknown kernel path: {path!r}. Valid options are: {', '.join(_PATHS)}")
     if path == "flashmla_combine":
         cfg = dict(_COMBINE)
     elif path == "mega":
-        cfg = _tiles(heads)
+        cfg = _tiles(heads, kv_fp8)
+    elif kv_fp8:
+        tiles = _tiles(heads, kv_fp8)
+        cfg = {**tiles, **_split_host(path, heads, rows, tiles)}
     else:
         if _kv_major(path, rows, heads, capability):
             tiles = dict(_KV_MAJOR_TILE)
@@ -132,11 +142,14 @@ def kernel_config(path: str, rows: int = 1, heads: int = 64, topk: int = 2048,
     return cfg
 
 
-def all_configs(path: str) -> list[dict[str, Any]]:
+def all_configs(path: str, kv_fp8: bool = False) -> list[dict[str, Any]]:
     """Every distinct setting :func:`kernel_config` can return for ``path`` (host keys dropped,
-    except ``kernel``, which names the function a setting runs: absent for the Triton ones)."""
+    except ``kernel``, which names the function a setting runs: absent for the Triton ones);
+    ``kv_fp8``: those it returns for 656-byte FP8 tokens."""
     if path == "flashmla_combine":
         return [dict(_COMBINE)]
+    if kv_fp8:
+        return [_tiles(max_heads, kv_fp8) for max_heads, _ in _TILES]
     tiles = [_tiles(max_heads) for max_heads, _ in _TILES]
     if not path.startswith("flashmla"):
         return tiles

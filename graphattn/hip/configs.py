@@ -56,8 +56,10 @@ def fp8_dtype(arch: str) -> torch.dtype:
     return _FP8_DTYPES[arch]
 
 
-def kernel_config(path: str, arch: str, rows: int = 1, heads: int = 64, topk: int = 2048) -> dict[str, Any]:
-    """Launch settings for kernel ``path`` on ``arch`` at ``rows x heads x topk``."""
+def kernel_config(path: str, arch: str, rows: int = 1, heads: int = 64, topk: int = 2048,
+                  kv_fp8: bool = False) -> dict[str, Any]:
+    """Launch settings for kernel ``path`` on ``arch`` at ``rows x heads x topk`` (``kv_fp8``,
+    656-byte FP8 tokens, takes the same tiles: untuned without AMD hardware)."""
     _check_arch(arch)
     if path not in _PATHS:
         raise ValueError(f"Unknown kernel path: {path!r}. Valid options are: {', '.join(_PATHS)}")
@@ -69,8 +71,9 @@ def kernel_config(path: str, arch: str, rows: int = 1, heads: int = 64, topk: in
     return cfg
 
 
-def all_configs(path: str, arch: str) -> list[dict[str, Any]]:
-    """Every distinct setting :func:`kernel_config` can return for ``path`` on ``arch``."""
+def all_configs(path: str, arch: str, kv_fp8: bool = False) -> list[dict[str, Any]]:
+    """Every distinct setting :func:`kernel_config` can return for ``path`` on ``arch`` (the
+    same with ``kv_fp8``)."""
     _check_arch(arch)
     if path == "flashmla_combine":
         return [kernel_config(path, arch)]

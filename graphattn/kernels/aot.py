@@ -56,14 +56,14 @@ def _arg_type(name: str, dtype: str, constexprs: dict[str, Any]) -> str:
     return "fp32" if name == "qk_scale" else "i32"
 
 
-def _configs(path: str, target: str) -> list[dict[str, Any]]:
+def _configs(path: str, target: str, kv_fp8: bool = False) -> list[dict[str, Any]]:
     if target == "sm90":
         from ..cuda import configs as cuda_configs
 
-        return cuda_configs.all_configs(path)
+        return cuda_configs.all_configs(path, kv_fp8)
     from ..hip import configs as hip_configs
 
-    return hip_configs.all_configs(path, target)
+    return hip_configs.all_configs(path, target, kv_fp8)
 
 
 _FIXED = {"D_NOPE": 512, "D_ROPE": 64, "DOT_F32": False, "DIRECT": False, "BLOCK_S": 32, "KV_FP8": 0,
@@ -92,20 +92,22 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
             if not configs:
                 continue
             names = _arg_names(kernel)
-            for i, cfg in enumerate(configs):
+            fp8 = {"KV_FP8": fp8_code(target)} if "KV_FP8" in names else None
+            # The settings the launch table gives plain kv, then (kernels that read them) those
+            # it gives 656-byte FP8 tokens, each compiled with its KV_FP8 code.
+            settings = [(i, cfg, {}) for i, cfg in enumerate(configs)]
+            if fp8:
+                settings += [(i, cfg, fp8) for i, cfg in enumerate(_configs(path, target, kv_fp8=True))
+                             if cfg.get("kernel") == _KERNEL_KEY.get(kernel)]
+            for i, cfg, kv in settings:
                 meta, opts = launch_parts(cfg)
                 # _FIXED fills in what the config leaves to the launcher; the config's own
                 # constexprs (IDX_AHEAD, KV_MAJOR, ...) are what runs, so they win.
                 meta = {**{k: v for k, v in _FIXED.items() if k in names}, **meta}
-                variants = [("bf16", {})]
-                fp8 = {"KV_FP8": fp8_code(target)} if "KV_FP8" in names else None
-                if fp8:  # every tile setting also reads FP8 tokens (its own loads and converts)
-                    variants.append(("bf16", fp8))
+                variants = [("bf16", kv)]
                 if i == 0:  # dtype and the direct store do not depend on the tile settings
-                    variants.append(("fp16", {}))
-                    if fp8:
-                        variants.append(("fp16", fp8))
-                    if "DIRECT" in names:
+                    variants.append(("fp16", kv))
+                    if "DIRECT" in names and not kv:
                         variants.append(("bf16", {"DIRECT": True}))
                 for dtype, extra in variants:
                     job = (kernel, target, {**meta, **extra}, opts, dtype)

@@ -99,10 +99,11 @@ def _select(rows: int, heads: int, topk: int, aligned: bool,
     ``kv_fp8`` (656-byte FP8 tokens): the Gluon kernel does not read them yet, so where the
     platform chose it the heads-major Triton tiles run (the tokens-major tile reads them).
     """
-    cfg = path_config(PATH, rows, heads, topk, platform)
+    cfg = path_config(PATH, rows, heads, topk, platform, kv_fp8)
     wgmma = cfg.get("kernel") == "wgmma"
     if (wgmma and kv_fp8) or ((wgmma or cfg.get("KV_MAJOR")) and not aligned):
-        return _flashmla_split_kernel, path_config(PATH + "_triton", rows, heads, topk, platform), "triton"
+        return (_flashmla_split_kernel, path_config(PATH + "_triton", rows, heads, topk, platform, kv_fp8),
+                "triton")
     if not wgmma:
         return _flashmla_split_kernel, cfg, "triton_kv_major" if cfg.get("KV_MAJOR") else "triton"
     from .wgmma import _flashmla_wgmma_kernel  # Gluon: imported only where the platform picks it

@@ -46,7 +46,7 @@ def _mega_kernel(
 
 @memoised
 def _plan(platform: Platform, rows: int, heads: int, topk: int, kv_fp8: bool = False) -> LaunchPlan:
-    meta, opts = launch_parts(path_config(PATH, rows, heads, topk, platform))
+    meta, opts = launch_parts(path_config(PATH, rows, heads, topk, platform, kv_fp8))
     head_blocks = cdiv(heads, meta["BLOCK_H"])
     main = make_launch(_mega_kernel, (rows * head_blocks,), D_NOPE=D_V, D_ROPE=D_QK - D_V,
                        DOT_F32=platform.uses_triton_interpreter,

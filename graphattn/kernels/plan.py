@@ -71,13 +71,19 @@ def launch_parts(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return meta, opts
 
 
-def path_config(path: str, rows: int, heads: int, topk: int, platform: Platform | None = None) -> dict[str, Any]:
-    """The platform's launch config for ``path`` (checked for the keys the launchers need).
+def path_config(path: str, rows: int, heads: int, topk: int, platform: Platform | None = None,
+                kv_fp8: bool = False) -> dict[str, Any]:
+    """The platform's launch config for ``path`` (checked for the keys the launchers need);
+    ``kv_fp8``: for 656-byte FP8 kv tokens (asked only then, so a launch table written before
+    FP8 KV keeps working for plain kv).
 
     The Triton attention kernels get :data:`LOOP_DEFAULTS` for the KV-loop constexprs the
     config leaves out (the Gluon kernel has no such constexprs).
     """
-    cfg = (platform or current_platform()).kernel_config(path, rows=rows, heads=heads, topk=topk)
+    shape: dict[str, Any] = {"rows": rows, "heads": heads, "topk": topk}
+    if kv_fp8:
+        shape["kv_fp8"] = True
+    cfg = (platform or current_platform()).kernel_config(path, **shape)
     if path.endswith("combine"):
         assert "num_warps" in cfg, f"kernel_config({path!r}) lacks num_warps: {cfg}"
         return cfg
@@ -121,7 +127,8 @@ def choose_splits(rows: int, heads: int, topk: int, cfg: dict[str, Any], platfor
                key=lambda s: cdiv(programs * s, target) * (cdiv(blocks, s) + cfg["split_cost_blocks"]))
 
 
-def split_plan(path: str, num_heads: int, topk: int, platform: Platform | None = None) -> SplitPlan:
+def split_plan(path: str, num_heads: int, topk: int, platform: Platform | None = None,
+               kv_fp8: bool = False) -> SplitPlan:
     """The maximum workspace and counter ``path`` may use for ``num_heads`` and ``topk``.
 
     Args:
@@ -129,6 +136,7 @@ def split_plan(path: str, num_heads: int, topk: int, platform: Platform | None =
         num_heads: heads of q (every path reads q unpadded).
         topk: indices per row.
         platform: whose launch table and compute units (default ``current_platform()``).
+        kv_fp8: kv is 656-byte FP8 tokens (whose launch settings may split differently).
 
     Returns:
         :class:`SplitPlan`; pass ``GraphMetadata(..., **plan.metadata_kwargs())``. At call time
@@ -142,7 +150,7 @@ def split_plan(path: str, num_heads: int, topk: int, platform: Platform | None =
         return SplitPlan(0, 0, 0, 0)
     most_splits, partials, rows = 1, 0, 1
     while True:
-        cfg = path_config(path, rows, num_heads, topk, platform)
+        cfg = path_config(path, rows, num_heads, topk, platform, kv_fp8)
         splits = choose_splits(rows, num_heads, topk, cfg, platform)
         # Not always at 1 row: the tile (and so the split granularity) may change with rows.
         most_splits = max(most_splits, splits)

@@ -65,7 +65,7 @@ def _trtllm_kernel(
 
 @memoised
 def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, kv_fp8: bool = False) -> LaunchPlan:
-    cfg = path_config(PATH, rows, heads, topk, platform)
+    cfg = path_config(PATH, rows, heads, topk, platform, kv_fp8)
     # Only non-empty splits are launched, so the arrival count the kernel waits for is exactly
     # the number of programs per counter.
     splits, split_len = split_layout(rows, heads, topk, cfg, ws_splits, platform)
