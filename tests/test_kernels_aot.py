@@ -53,21 +53,23 @@ def test_every_kernel_compiles_ahead_of_time(target):
 
 @pytest.mark.parametrize("target", ["sm90", "gfx942", "gfx950"])
 def test_aot_jobs_compile_each_setting_as_it_runs(target):
-    """Every config's own constexprs (IDX_AHEAD, KV_MAJOR, ...) reach the compile unchanged."""
+    """Every config's own constexprs (IDX_AHEAD, KV_MAJOR, ...) reach the compile unchanged,
+    for plain kv and, on the paths that read them, with the settings given to FP8 tokens."""
     from graphattn.kernels import aot
     from graphattn.kernels.plan import launch_parts
 
     compiled = {(k, json.dumps({**m, **o}, sort_keys=True)) for k, _, m, o, _ in aot.jobs([target])}
     for kernel, (_, _, path) in aot.KERNELS.items():
-        for cfg in aot._configs(path, target):
-            if cfg.get("kernel") != aot._KERNEL_KEY.get(kernel):
-                continue  # another function of the same path runs this setting
-            meta, opts = launch_parts(cfg)
-            hits = [key for k, key in compiled if k == kernel
-                    and {**meta, **opts}.items() <= json.loads(key).items()]
-            assert hits, f"{target} {kernel}: setting {cfg} is not compiled as configured"
-            if kernel in ("flashmla_split", "trtllm", "mega"):  # ... and reading FP8 tokens
-                assert any(json.loads(key).get("KV_FP8") for key in hits), f"{target} {kernel}: no FP8 {cfg}"
+        fp8_kernel = kernel in ("flashmla_split", "trtllm", "mega")
+        for kv_fp8 in (False, True) if fp8_kernel else (False,):
+            for cfg in aot._configs(path, target, kv_fp8=kv_fp8):
+                if cfg.get("kernel") != aot._KERNEL_KEY.get(kernel):
+                    continue  # another function of the same path runs this setting
+                meta, opts = launch_parts(cfg)
+                hits = [key for k, key in compiled if k == kernel
+                        and {**meta, **opts}.items() <= json.loads(key).items()
+                        and bool(json.loads(key).get("KV_FP8")) == kv_fp8]
+                assert hits, f"{target} {kernel}: setting {cfg} (kv_fp8={kv_fp8}) is not compiled as configured"
 
 
 PTXAS_SAMPLE = """ptxas info    : Compiling entry function '_trtllm_kernel' for 'sm_90a'

@@ -118,7 +118,8 @@ def test_sm90_flashmla_reads_fp8_with_a_triton_tile(monkeypatch):
     kernel, cfg = flashmla._split_kernel(q, kv8, 2048)
     assert kernel is flashmla._flashmla_split_kernel
     assert cfg == flashmla.path_config("flashmla", 4, 64, 2048, kv_fp8=True)
-    assert cfg["num_warps"] == cuda_configs.FP8_NUM_WARPS and not cfg["KV_MAJOR"], cfg
+    assert cfg["num_warps"] == cuda_configs.FP8_NUM_WARPS[cfg["BLOCK_H"]] and not cfg["KV_MAJOR"], cfg
+    assert cuda_configs.kernel_config("trtllm", 1, 16, 2048, kv_fp8=True)["num_warps"] == 8  # no spills
     assert flashmla.kernel_name(q[:1], kv8, 2048) == "triton"
     assert flashmla.kernel_name(q[:1], q.new_empty(100, 576), 2048) == "triton_kv_major"  # plain kv
     plan = flashmla._plan(current_platform(), 4, 64, 2048, 8, True, True)

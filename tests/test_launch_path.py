@@ -7,6 +7,7 @@ GPU variants of the compile test run on a CUDA machine (``gpu`` marker); host ti
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import types
@@ -338,3 +339,67 @@ def test_padding_rows_stay_inert_whatever_the_step_sequence():
         table = md.indices.tensor
         assert torch.equal(table[:n], idx)
         assert (table[n:rows] == -1).all(), f"step ({n}, pad_to={pad}): padding rows not -1"
+
+
+@pytest.mark.parametrize("name", TRITON)
+def test_break_replay_call_matches_the_reference_and_keeps_forwards_checks(name):
+    """A breakable graph whose attention break binds the backend's replay call
+    (``eager_on_graph(forward, out="out", bind=backend.bind_break)``): every replay attends over
+    that step's plan (fresh indices and q each step, fewer live rows than the bucket), writes
+    into the captured outputs, takes forward's path under a dispatch mode, and still refuses
+    a replay over rows the plan did not write."""
+    from graphattn.graphs import GraphRunner, eager_on_graph
+
+    q0, kv, _ = _inputs()
+    backend = get_backend_class(name)(q0.shape[1], 24, q0.dtype)
+    md = backend.make_metadata(4)
+    bound = []
+
+    def bind(args, kwargs):
+        bound.append(backend.bind_break(args, kwargs))
+        return bound[-1]
+
+    attention = eager_on_graph(backend.forward, out="out", bind=bind)
+    runner = GraphRunner(lambda q: attention(q * 1, kv, md), {"q": torch.zeros(4, *q0.shape[1:], dtype=q0.dtype)},
+                         metadata=md, buckets=(4,), mode="breakable")
+    backend.plan(md, _inputs(rows=4)[2])
+    runner.capture()
+    assert len(bound) == 1 and callable(bound[0]), f"backend '{name}' gave no replay call"
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    checks = []  # forward's own path checks its arguments; the replay call does not
+    check_call = backend.check_call
+    backend.check_call = lambda *a: (checks.append(1), check_call(*a))[1]
+    for step in range(3):
+        q, _, idx = _inputs(rows=3)
+        backend.plan(md, idx)
+        captured_out = runner.graphs[4].out
+        captured_out[0].fill_(float("nan"))
+        with Watch() if step == 2 else contextlib.nullcontext():  # forward's own path
+            out, lse = runner.run(q=q)
+        assert out.data_ptr() == captured_out[0].data_ptr()
+        _check(name, q, kv, idx, backend, out, lse)
+        assert len(checks) == (1 if step == 2 else 0), f"backend '{name}' step {step}: {len(checks)} checks"
+    q, _, idx = _inputs(rows=3)
+    idx = idx.clamp(-1, kv.shape[0] - 1)  # valid: the check passes (and then runs no more)
+    backend.plan(md, idx, check_indices=True)  # a pending index check: forward's slow path
+    out, lse = runner.run(q=q)
+    _check(name, q, kv, idx, backend, out, lse)
+    assert len(checks) == 2, f"backend '{name}': the pending index check was skipped"
+
+
+def test_bind_break_declines_calls_it_does_not_recognise():
+    q, kv, idx = _inputs()
+    backend = get_backend_class("trtllm")(q.shape[1], idx.shape[1], q.dtype)
+    md = backend.make_metadata(3)
+    backend.plan(md, idx)
+    out = backend.forward(q, kv, md)
+    assert backend.bind_break((q, kv, md), {}) is None  # no out: the break copies results
+    assert backend.bind_break((q, kv, md, out), {}) is None  # out passed positionally
+    assert backend.bind_break((q,), {"kv": kv, "metadata": md, "out": out}) is not None
+    assert get_backend_class("torch")(q.shape[1], idx.shape[1], q.dtype).bind_break((q, kv, md), {"out": out}) is None
+    with pytest.raises(ValueError, match="out must be"):
+        backend.bind_break((q, kv, md), {"out": (out[0][:1], out[1])})

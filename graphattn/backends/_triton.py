@@ -156,6 +156,41 @@ class TritonBackend(AttentionBackend):
         aligned = aligned_16(q, kv) if self.kernel_spec.alignment else True
         return metadata.bound_call((self, rows, aligned), lambda: self._new_bound_call(metadata, rows, aligned))
 
+    def bind_break(self, args: tuple, kwargs: dict) -> Any:
+        """See :meth:`AttentionBackend.bind_break`: with ``out`` given, a call that re-checks
+        only the planned rows, the device, dispatch modes, tracing and capture (each a C call
+        or an int compare), then runs the metadata's bound call into ``out``; otherwise (and
+        whenever one of those says so) ``forward`` itself runs."""
+        names = ("q", "kv", "metadata")
+        out = kwargs.get("out")
+        if out is None or len(args) > 3 or set(kwargs) - {*names[len(args):], "out"}:
+            return None  # no output to write into, or a call this does not recognise
+        values = [*args, *(kwargs[n] for n in names[len(args):] if n in kwargs)]
+        if len(values) != 3:
+            return None
+        q, kv, metadata = values
+        self.check_call(q, kv, metadata)  # what replays then skip: it cannot change
+        self.check_out(q, out)
+        rows, index = q.shape[0], q.get_device()
+        aligned = aligned_16(q, kv) if self.kernel_spec.alignment else True
+        key = (self, rows, aligned)
+        forward = self.forward
+
+        def build() -> Any:
+            return self._new_bound_call(metadata, rows, aligned)
+
+        def replay() -> Any:
+            if (rows > metadata.checked_rows or not direct_launch_allowed() or is_capturing()
+                    or (index >= 0 and index != current_gpu_index())):
+                return forward(q, kv, metadata, out)
+            call = metadata.bound_call(key, build)
+            if call is None:
+                return forward(q, kv, metadata, out)
+            call(q, kv, out)
+            return out
+
+        return replay
+
     def _new_bound_call(self, metadata: GraphMetadata, rows: int, aligned: bool) -> Any:
         if rows > metadata.capacity:
             return None

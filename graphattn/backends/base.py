@@ -304,6 +304,18 @@ class AttentionBackend(BackendChecks):
         """
         raise NotImplementedError
 
+    def bind_break(self, args: tuple, kwargs: dict) -> Any:
+        """A breakable graph's replay call for ``forward(*args, **kwargs)`` (the ``bind`` of
+        ``eager_on_graph(backend.forward, out="out", bind=backend.bind_break)``), or ``None``
+        to run ``forward`` on every replay (this default).
+
+        A replay call does what ``forward`` does on the same argument objects with the
+        checks of what cannot change between replays (shapes, dtypes, devices, the output
+        pair) done once, here; it still takes ``forward``'s path whenever the planned rows,
+        the current device, a dispatch mode, tracing or a capture could change the outcome.
+        """
+        return None
+
     @property
     def kv_fp8(self) -> bool:
         """True when kv is passed as 656-byte FP8 tokens (``kv_dtype="fp8"``)."""

@@ -107,8 +107,10 @@ class ModeBench:
                  platform: Platform, sanitize: bool):
         self.mode, self.backend, self.wl, self.kv, self.platform = mode, backend, wl, kv, platform
         self.metadata = backend.make_metadata(wl.max_rows)  # one metadata per runner
-        # A break only in breakable mode; replays write into the captured outputs (no copy).
-        self.step = self.make_step(eager_on_graph(backend.forward, out="out" if accepts_out(backend.forward) else None))
+        # A break only in breakable mode; replays write into the captured outputs (no copy)
+        # through the backend's replay call (its checks done once, at capture).
+        out = "out" if accepts_out(backend.forward) else None
+        self.step = self.make_step(eager_on_graph(backend.forward, out=out, bind=getattr(backend, "bind_break", None)))
         self.runner = None
         self.memory: dict[str, int] = {"metadata_bytes": self.metadata.nbytes()}
         if mode != "eager":

@@ -231,6 +231,10 @@ def run_rank_process(rank: int, local_rank: int, world: int, init: str, req: Ben
         report = run_rank(req, platform, rank, world)
         reports: list[Any] = [None] * world
         dist.all_gather_object(reports, report)
+        # Every rank past its last collective before any rank tears its group down: gloo
+        # aborted a rank ("terminate called without an active exception", about one CPU run
+        # in eight) whose peer destroyed the group while its own gather was finishing.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
     if rank != 0:

@@ -100,9 +100,13 @@ _TILES = (
 # FP8 KV (656-byte tokens) converts the bytes to q's dtype in four 128-column blocks, with a
 # float32 score accumulator per block: at 4 warps the 32 x 32 tile spills 150-200 B per thread
 # and the 16 x 64 tile 200-580 B (ptxas -v, sm_90, docs/benchmarks.md); at 8 warps neither
-# spills (16 x 64: 176 registers). The tokens-major tile spills ~570 B with FP8, and the Gluon
-# kernel does not read FP8 yet, so FP8 runs these heads-major tiles on every path.
-FP8_NUM_WARPS = 8
+# spills (16 x 64: 176 registers). Measured on the H200 (quick kernel table, FP8): 8 warps make
+# the 16-head tile faster (16 x 1: flashmla 14.5 -> 12.2 us, trtllm 46.7 -> 36.4, mega 284.9 ->
+# 212.7) and the 32-head tile slower (64 x 64: flashmla 261.1 -> 397.5, 128 x 512: 3677 ->
+# 5956), so only the 16-head tile changes: BLOCK_H -> num_warps for FP8. The tokens-major tile
+# spills ~570 B with FP8 and the Gluon kernel does not read FP8 yet, so FP8 runs these
+# heads-major tiles on every path.
+FP8_NUM_WARPS = {16: 8, 32: 4}
 _COMBINE = {"num_warps": 4, "num_stages": 1}
 # "flashmla_triton": flashmla's heads-major Triton tiles only, for inputs that are not 16-byte
 # aligned (neither the wgmma kernel nor the tokens-major tile can take them).
@@ -113,7 +117,7 @@ def _tiles(heads: int, kv_fp8: bool = False) -> dict[str, Any]:
     for max_heads, (bh, bn, warps, stages, ahead) in _TILES:
         if heads <= max_heads:
             return {"BLOCK_H": bh, "BLOCK_N": bn, "IDX_AHEAD": ahead, "KV_MAJOR": 0,
-                    "num_warps": FP8_NUM_WARPS if kv_fp8 else warps, "num_stages": stages}
+                    "num_warps": FP8_NUM_WARPS.get(bh, warps) if kv_fp8 else warps, "num_stages": stages}
     raise AssertionError("unreachable: the last _TILES row covers every head count")
 
 

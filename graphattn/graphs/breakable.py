@@ -40,7 +40,8 @@ class _Active(threading.local):
 _active = _Active()
 
 
-def eager_on_graph(fn: Callable | None = None, *, out: str | None = None) -> Callable:
+def eager_on_graph(fn: Callable | None = None, *, out: str | None = None,
+                   bind: Callable[[tuple, dict], Callable[[], Any] | None] | None = None) -> Callable:
     """Mark ``fn`` as a graph break: during a BreakableGraph capture it runs eagerly between
     two segments (and again on every replay); anywhere else it is just called.
 
@@ -51,16 +52,22 @@ def eager_on_graph(fn: Callable | None = None, *, out: str | None = None) -> Cal
     ``out``): replays then pass the captured outputs and nothing is copied (when they are
     contiguous; a non-contiguous captured output is copied into, as without ``out``). Use as
     ``eager_on_graph(f)``, ``eager_on_graph(f, out="out")`` or ``@eager_on_graph(out="out")``.
+
+    ``bind``: called once per break at capture, after ``fn`` ran, with the ``(args, kwargs)``
+    every replay passes (``kwargs`` holding ``out`` where it is used); it may return a
+    zero-argument callable that replays run instead of ``fn(*args, **kwargs)``, doing the same
+    work on the same objects with what ``fn`` checks on every call checked once
+    (``AttentionBackend.bind_break``), or ``None``.
     """
     if fn is None:
-        return functools.partial(eager_on_graph, out=out)
+        return functools.partial(eager_on_graph, out=out, bind=bind)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         graph = _active.graph
         if graph is None or not graph.breaks:
             return fn(*args, **kwargs)
-        return graph._run_break(fn, args, kwargs, out)
+        return graph._run_break(fn, args, kwargs, out, bind)
 
     wrapper.eager_on_graph = True
     return wrapper
@@ -70,18 +77,20 @@ class _Break:
     """A recorded break: the eager function, its arguments (held strongly), its output, and
     the keyword (if any) through which a replay hands ``fn`` that output to write into."""
 
-    def __init__(self, fn: Callable, args: tuple, kwargs: dict, out: Any, out_kwarg: str | None = None):
+    def __init__(self, fn: Callable, args: tuple, kwargs: dict, out: Any, out_kwarg: str | None = None,
+                 bind: Callable[[tuple, dict], Callable[[], Any] | None] | None = None):
         self.fn, self.args, self.out = fn, args, out
         self.held, _ = tree_flatten(out)
         # Only contiguous outputs can be handed back to write into (``forward(out=)`` requires
         # it); a view such as a padding backend's ``out[:, :heads]`` is copied into instead.
         direct = out_kwarg and all(t.is_contiguous() for t in self.held if isinstance(t, torch.Tensor))
         self.kwargs = {**kwargs, out_kwarg: out} if direct else kwargs
+        self.bound = bind(args, self.kwargs) if bind is not None else None
 
     def run(self) -> None:
         """Re-run the function and copy its result into the output later segments read
         (nothing to copy when it wrote there itself)."""
-        res = self.fn(*self.args, **self.kwargs)
+        res = self.bound() if self.bound is not None else self.fn(*self.args, **self.kwargs)
         if res is self.out:  # it wrote into the captured output and returned it
             return
         held = self.held
@@ -247,7 +256,8 @@ class BreakableGraph:
         except Exception as exc:  # the device may refuse to end an invalidated capture
             log.debug("ending the failed capture also raised: %s", exc)
 
-    def _run_break(self, fn: Callable, args: tuple, kwargs: dict, out_kwarg: str | None = None) -> Any:
+    def _run_break(self, fn: Callable, args: tuple, kwargs: dict, out_kwarg: str | None = None,
+                   bind: Callable[[tuple, dict], Callable[[], Any] | None] | None = None) -> Any:
         """Called by an ``eager_on_graph`` function during capture."""
         self._end_segment()
         _active.graph = None  # breaks called inside a break just run
@@ -258,7 +268,7 @@ class BreakableGraph:
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self.tracker.add_pool(t.untyped_storage())  # the graph owns it (held below)
-        self._breaks.append(_Break(fn, args, kwargs, out, out_kwarg))
+        self._breaks.append(_Break(fn, args, kwargs, out, out_kwarg, bind))
         self._begin_segment()
         return out
 

@@ -124,7 +124,8 @@ class _Harness:
         self.gen = torch.Generator(device=self.platform.device).manual_seed(cfg.seed)
         self.kv = self._randn(cfg.pool, D_QK)  # [pool, 576]
         out_kw = "out" if accepts_out(self.backend.forward) else None
-        attention = eager_on_graph(self.backend.forward, out=out_kw)  # a break in breakable mode
+        # A break in breakable mode, replayed through the backend's replay call where it has one.
+        attention = eager_on_graph(self.backend.forward, out=out_kw, bind=getattr(self.backend, "bind_break", None))
 
         def step(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             out, lse = attention(q.clone(), self.kv, self.metadata)  # segment, break, segment
