@@ -360,7 +360,8 @@ def test_break_replay_call_matches_the_reference_and_keeps_forwards_checks(name)
         return bound[-1]
 
     attention = eager_on_graph(backend.forward, out="out", bind=bind)
-    runner = GraphRunner(lambda q: attention(q * 1, kv, md), {"q": torch.zeros(4, *q0.shape[1:], dtype=q0.dtype)},
+    static = {"q": torch.zeros(4, *q0.shape[1:], dtype=q0.dtype, device=q0.device)}
+    runner = GraphRunner(lambda q: attention(q * 1, kv, md), static,
                          metadata=md, buckets=(4,), mode="breakable")
     backend.plan(md, _inputs(rows=4)[2])
     runner.capture()
