@@ -153,7 +153,10 @@ class TritonBackend(AttentionBackend):
         if not direct_launch_allowed() or is_capturing():
             return None
         rows = q.shape[0]
-        aligned = aligned_16(q, kv) if self.kernel_spec.alignment else True
+        return self._kept_call(metadata, rows, aligned_16(q, kv) if self.kernel_spec.alignment else True)
+
+    def _kept_call(self, metadata: GraphMetadata, rows: int, aligned: bool) -> Any:
+        """The metadata's bound call for (this backend, rows, alignment), built on a miss."""
         return metadata.bound_call((self, rows, aligned), lambda: self._new_bound_call(metadata, rows, aligned))
 
     def bind_break(self, args: tuple, kwargs: dict) -> Any:
@@ -173,17 +176,13 @@ class TritonBackend(AttentionBackend):
         self.check_out(q, out)
         rows, index = q.shape[0], q.get_device()
         aligned = aligned_16(q, kv) if self.kernel_spec.alignment else True
-        key = (self, rows, aligned)
-        forward = self.forward
-
-        def build() -> Any:
-            return self._new_bound_call(metadata, rows, aligned)
+        forward, kept_call = self.forward, self._kept_call
 
         def replay() -> Any:
             if (rows > metadata.checked_rows or not direct_launch_allowed() or is_capturing()
                     or (index >= 0 and index != current_gpu_index())):
                 return forward(q, kv, metadata, out)
-            call = metadata.bound_call(key, build)
+            call = kept_call(metadata, rows, aligned)
             if call is None:
                 return forward(q, kv, metadata, out)
             call(q, kv, out)

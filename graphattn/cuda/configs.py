@@ -132,11 +132,10 @@ def kernel_config(path: str, rows: int = 1, heads: int = 64, topk: int = 2048,
         cfg = dict(_COMBINE)
     elif path == "mega":
         cfg = _tiles(heads, kv_fp8)
-    elif kv_fp8:
-        tiles = _tiles(heads, kv_fp8)
-        cfg = {**tiles, **_split_host(path, heads, rows, tiles)}
     else:
-        if _kv_major(path, rows, heads, capability):
+        if kv_fp8:  # neither the tokens-major tile nor the Gluon kernel (see FP8_NUM_WARPS)
+            tiles = _tiles(heads, kv_fp8)
+        elif _kv_major(path, rows, heads, capability):
             tiles = dict(_KV_MAJOR_TILE)
         elif _wgmma(path, capability):
             tiles = dict(_WGMMA_TILE)

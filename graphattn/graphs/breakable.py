@@ -294,8 +294,7 @@ class BreakableGraph:
         """Check (when tracking), then replay every segment and break in order."""
         if not self.captured:
             raise RuntimeError("replay() before capture()")
-        if self.tracking:
-            self.tracker.check()
+        self.check()
         with device_scope(self.device):  # no-op when the graph's device is current
             for step in self._schedule:
                 step()

@@ -294,13 +294,10 @@ class GraphRunner:
         views = self._row_views.get(rows)
         if views is None:
             views = self._row_views[rows] = [t.narrow(0, 0, rows) for t in self.static.values()]
-        if len(views) == 1:
-            views[0].copy_(next(iter(live.values())))
-        else:
-            # One launch for every input on a GPU (a multi-tensor copy where the inputs are
-            # contiguous, as _live_rows made their dtypes and devices the static ones'), not one
-            # launch each: a copy launch costs ~5 µs of host time.
-            torch._foreach_copy_(views, [live[name] for name in self.static])
+        # One launch for every input on a GPU (a multi-tensor copy where the inputs are
+        # contiguous, as _live_rows made their dtypes and devices the static ones'), not one
+        # launch each: a copy launch costs ~5 µs of host time.
+        torch._foreach_copy_(views, [live[name] for name in self.static])
         self._padding.pad(rows, bucket, self._pad)
         out = self.graphs[bucket].replay()
         if rows == bucket:
