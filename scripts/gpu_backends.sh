@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # works with or without `pip install -e .`
-BACKENDS="${BACKENDS:-flashmla trtllm flashmla_mega torch}"
+BACKENDS="${BACKENDS:-dispatch flashmla trtllm flashmla_mega torch}"
 failed=0
 
 step() {  # step NAME CMD...: run, log to $OUT/NAME.log, record the status

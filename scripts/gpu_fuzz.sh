@@ -35,14 +35,14 @@ tail -9 "$logs/random.log"
 
 # memcheck: one sanitizer process per backend, cases in-process (the sanitizer does not follow
 # the runner's worker processes), side by side; smaller shapes (it slows kernels 10-100x).
-for b in flashmla trtllm flashmla_mega torch; do
+for b in dispatch flashmla trtllm flashmla_mega torch; do
   timeout "${MEMCHECK_TIME:-150}" compute-sanitizer --tool memcheck --print-limit 20 \
     --log-file "$logs/memcheck_$b.log" python3 -m graphattn.testing.fuzz_runner --no-isolate --quiet \
     --backends "$b" --cases "$mc_cases" --seed "$((seed + 1))" --max-work 1000000 --kv-dtype "$kv" \
     --json "$logs/memcheck_$b.jsonl" >"$logs/memcheck_run_$b.log" 2>&1 &
 done
 wait
-for b in flashmla trtllm flashmla_mega torch; do
+for b in dispatch flashmla trtllm flashmla_mega torch; do
   echo "memcheck $b: $(grep -c '"status": "ok"' "$logs/memcheck_$b.jsonl") cases ok of $(grep -c '"case"' "$logs/memcheck_$b.jsonl"), $(grep -h 'ERROR SUMMARY' "$logs/memcheck_$b.log")"
   grep -q "ERROR SUMMARY: 0 errors" "$logs/memcheck_$b.log" || { status=1; head -30 "$logs/memcheck_$b.log"; }
 done

@@ -51,7 +51,7 @@ def test_builtin_backend_conformance(case):
 
 
 def test_default_selection_is_every_builtin_on_cpu():
-    assert selected_backends(None) == ["flashmla", "trtllm", "flashmla_mega", "torch"]
+    assert selected_backends(None) == ["dispatch", "flashmla", "trtllm", "flashmla_mega", "torch"]
 
 
 @pytest.mark.parametrize(

@@ -19,15 +19,16 @@ from ..common.metadata import GraphMetadata
 from ..common.platform import current_gpu_index
 from ..common.validation import check_int
 from ..kernels.launch import KernelSpec, LaunchPlan, aligned_16, direct_launch_allowed
-from ..kernels.plan import split_plan
+from ..kernels.plan import SplitPlan, split_plan
 from .base import AttentionBackend
 
 
 class TritonBackend(AttentionBackend):
     """Base of the backends whose ``forward`` is one Triton kernel path.
 
-    Subclasses set ``kernel_spec`` and ``_build_plan``; ``uses_counter`` and ``uses_workspace``
-    follow from the spec. The kernels read q as it comes, at any head count, so no Triton
+    Subclasses set ``kernel_spec`` (or ``kernel_specs``, every path a backend may choose per
+    row count, as ``dispatch`` does) and ``_build_plan``; ``uses_counter`` and ``uses_workspace``
+    follow from the specs, and each launch runs the path of its plan. The kernels read q as it comes, at any head count, so no Triton
     backend pads q (``pads_q`` stays False) or narrows its outputs. ``plan()`` writes the
     step's indices and builds (or finds) the step's :class:`LaunchPlan`. ``forward()`` checks
     Python attributes, then, with no tracing, compiling, dispatch mode or graph capture active,
@@ -41,19 +42,23 @@ class TritonBackend(AttentionBackend):
     uses_triton = True
     unit_stride_only = True
     kernel_spec: ClassVar[KernelSpec]
+    kernel_specs: ClassVar[tuple[KernelSpec, ...]]  # every path forward may run
+    _alignment: ClassVar[bool] = False  # some path's kernel choice depends on 16-byte alignment
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         spec = cls.__dict__.get("kernel_spec")
-        if spec is not None:
-            cls.uses_counter = spec.uses_counter
-            cls.uses_workspace = spec.uses_workspace
+        specs = cls.__dict__.get("kernel_specs") or ((spec,) if spec is not None else None)
+        if specs:
+            cls.kernel_specs = specs
+            cls.uses_counter = any(s.uses_counter for s in specs)
+            cls.uses_workspace = any(s.uses_workspace for s in specs)
+            cls._alignment = any(s.alignment for s in specs)
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self._module = importlib.import_module(f"graphattn.kernels.{self.kernel_spec.name}")
-        self._op = self.kernel_spec.op
-        self._bind = getattr(self._module, f"bind_{self.kernel_spec.name}")
+        self._modules = {s.name: importlib.import_module(f"graphattn.kernels.{s.name}") for s in self.kernel_specs}
+        self._binds = {name: getattr(m, f"bind_{name}") for name, m in self._modules.items()}
         self._plans = EpochDict()  # (rows, aligned, workspace splits) -> LaunchPlan
         self._last_planned: tuple[int, int, int] | None = None  # (id(metadata), rows, epoch)
 
@@ -64,7 +69,8 @@ class TritonBackend(AttentionBackend):
         Host side, not capturable; see :meth:`AttentionBackend.make_metadata`.
         """
         check_int(f"{self.name}.make_metadata", "max_rows", max_rows, 1)
-        plan = split_plan(self.kernel_spec.name, self.num_heads, self.topk, self.platform, self.kv_fp8)
+        plans = [split_plan(s.name, self.num_heads, self.topk, self.platform, self.kv_fp8) for s in self.kernel_specs]
+        plan = SplitPlan(*(max(values) for values in zip(*plans)))  # room for every path
         return GraphMetadata(max_rows, self.num_heads, self.topk, self.dtype, self.device,
                              **plan.metadata_kwargs())
 
@@ -125,7 +131,8 @@ class TritonBackend(AttentionBackend):
         if call is not None:
             res = call(q, kv, out)
         else:
-            res = self._op(q, kv, *self._fixed_args(metadata, q.shape[0]))
+            spec = self._spec_for(metadata, q, kv)
+            res = spec.op(q, kv, *self._fixed_args(metadata, q.shape[0], None, spec))
         if out is None:
             return res
         if res[0] is out[0]:
@@ -134,13 +141,19 @@ class TritonBackend(AttentionBackend):
         out[1].copy_(res[1])
         return out
 
-    def _fixed_args(self, metadata: GraphMetadata, rows: int, splits: int | None = None) -> list[Any]:
-        """The kernel arguments after q and kv: indices, scale, [counter], [workspace views
-        of ``splits`` splits, all the pool holds when ``None``]."""
+    def _spec_for(self, metadata: GraphMetadata, q: torch.Tensor, kv: torch.Tensor) -> KernelSpec:
+        """The kernel path a call runs: the backend's one path, or its launch plan's."""
+        if len(self.kernel_specs) == 1:
+            return self.kernel_specs[0]
+        return self.launch_plan(metadata, q.shape[0], aligned_16(q, kv) if self._alignment else True).spec
+
+    def _fixed_args(self, metadata: GraphMetadata, rows: int, splits: int | None, spec: KernelSpec) -> list[Any]:
+        """``spec``'s kernel arguments after q and kv: indices, scale, [counter], [workspace
+        views of ``splits`` splits, all the pool holds when ``None``]."""
         args: list[Any] = [metadata.indices_for(rows), self.sm_scale]
-        if self.uses_counter:
+        if spec.uses_counter:
             args.append(metadata.counter_for(rows))
-        if self.uses_workspace:
+        if spec.uses_workspace:
             args.extend(metadata.workspace_for(rows, splits))
         return args
 
@@ -153,7 +166,7 @@ class TritonBackend(AttentionBackend):
         if not direct_launch_allowed() or is_capturing():
             return None
         rows = q.shape[0]
-        return self._kept_call(metadata, rows, aligned_16(q, kv) if self.kernel_spec.alignment else True)
+        return self._kept_call(metadata, rows, aligned_16(q, kv) if self._alignment else True)
 
     def _kept_call(self, metadata: GraphMetadata, rows: int, aligned: bool) -> Any:
         """The metadata's bound call for (this backend, rows, alignment), built on a miss."""
@@ -175,7 +188,7 @@ class TritonBackend(AttentionBackend):
         self.check_call(q, kv, metadata)  # what replays then skip: it cannot change
         self.check_out(q, out)
         rows, index = q.shape[0], q.get_device()
-        aligned = aligned_16(q, kv) if self.kernel_spec.alignment else True
+        aligned = aligned_16(q, kv) if self._alignment else True
         forward, kept_call = self.forward, self._kept_call
 
         def replay() -> Any:
@@ -194,4 +207,4 @@ class TritonBackend(AttentionBackend):
         if rows > metadata.capacity:
             return None
         plan = self.launch_plan(metadata, rows, aligned)
-        return self._bind(plan, *self._fixed_args(metadata, rows, plan.workspace_splits))
+        return self._binds[plan.spec.name](plan, *self._fixed_args(metadata, rows, plan.workspace_splits, plan.spec))

@@ -26,5 +26,5 @@ class FlashMLAMegaBackend(TritonBackend):
     description = "single pass per (row, head block): no padding, counter or workspace"
 
     def _build_plan(self, rows: int, aligned: bool, ws_splits: int) -> LaunchPlan:
-        return self._module.plan_mega(rows, self.num_heads, self.topk, self.kv_fp8, self.platform)
+        return self._modules["mega"].plan_mega(rows, self.num_heads, self.topk, self.kv_fp8, self.platform)
 

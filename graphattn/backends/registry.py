@@ -34,6 +34,7 @@ ENV_VAR = "GRAPHATTN_ATTN_BACKEND"
 AUTO = "auto"
 
 _BUILTIN: dict[str, str] = {
+    "dispatch": "graphattn.backends.dispatch:DispatchBackend",
     "flashmla": "graphattn.backends.flashmla:FlashMLABackend",
     "trtllm": "graphattn.backends.trtllm:TrtllmBackend",
     "flashmla_mega": "graphattn.backends.flashmla_mega:FlashMLAMegaBackend",
@@ -41,11 +42,6 @@ _BUILTIN: dict[str, str] = {
 }
 # Registered in code: a dotted path or the class itself.
 _REGISTERED: dict[str, Union[str, type]] = {}
-# Head counts at or below which trtllm's one-launch split-KV beat flashmla's padded split-KV
-# (flashmla pads to 64 heads, so at 16 heads it does 4x the work); above it flashmla was best
-# or within 3% of best at every measured batch size (docs/benchmarks.md, H200).
-FEW_HEADS = 16
-
 BackendSpec = Union[str, type]
 
 
@@ -197,17 +193,14 @@ def default_dtype(platform: Platform | None = None) -> torch.dtype:
 def auto_order(num_heads: int, platform: Platform | None = None) -> list[str]:
     """Preference order of ``auto`` on this platform for ``num_heads`` (first runnable wins).
 
-    Chosen from the kernel benchmark on the H200: the split-KV kernels win or tie at every
-    batch size (they spread a row's top-k over many CTAs, and the single-pass kernel only
-    catches up at 512 rows), trtllm at few heads, flashmla above. Without a GPU the Triton
-    kernels only run in the (slow) interpreter, so the torch reference comes first.
+    On a GPU, ``dispatch``: it picks the kernel path per row count from the platform's measured
+    kernel times (no single path wins at every batch size); then the single paths. Without a
+    GPU the Triton kernels only run in the (slow) interpreter, so the torch reference comes first.
     """
     platform = platform or current_platform()
     if platform.uses_triton_interpreter:
-        return ["torch", "flashmla_mega", "trtllm", "flashmla"]
-    if num_heads <= FEW_HEADS:
-        return ["trtllm", "flashmla", "flashmla_mega", "torch"]
-    return ["flashmla", "trtllm", "flashmla_mega", "torch"]
+        return ["torch", "flashmla_mega", "trtllm", "flashmla", "dispatch"]
+    return ["dispatch", "flashmla", "trtllm", "flashmla_mega", "torch"]
 
 
 def resolve_backend(

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import functools
 import importlib
+import math
 import os
 import sys
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Iterator
+from types import MappingProxyType
+from typing import Any, Iterator, Mapping
 
 import torch
 
@@ -145,8 +147,30 @@ class LaunchTable:
     # table says per gfx arch.
     fp8_dtype: torch.dtype = torch.float8_e4m3fn
 
+    # Measured µs per call of each kernel path at (heads, rows, topk), with kv in q's dtype and
+    # with 656-byte FP8 tokens; empty where nothing was measured on this hardware.
+    kernel_times: Mapping[tuple[int, int, int], Mapping[str, float]] = MappingProxyType({})
+    kernel_times_fp8: Mapping[tuple[int, int, int], Mapping[str, float]] = MappingProxyType({})
+
     def __init__(self) -> None:
         self._overrides: dict[str, dict[str, Any]] = {}
+
+    def fastest_path(self, rows: int, heads: int, topk: int, kv_fp8: bool = False,
+                     paths: tuple[str, ...] = ("flashmla", "trtllm", "mega")) -> str | None:
+        """The kernel path of ``paths`` measured fastest at the measured shape nearest to
+        ``(heads, rows, topk)`` (:attr:`kernel_times`; distance in log2 of each size, ties to
+        the first measured), or ``None`` where no shape was measured with one of ``paths``."""
+        times = self.kernel_times_fp8 if kv_fp8 else self.kernel_times
+        shape = (heads, max(rows, 1), topk)
+        best, best_distance = None, math.inf
+        for point, by_path in times.items():
+            measured = [(us, p) for p, us in by_path.items() if p in paths]
+            if not measured:
+                continue
+            distance = sum(math.log2(a / b) ** 2 for a, b in zip(shape, point))
+            if distance < best_distance:
+                best, best_distance = min(measured)[1], distance
+        return best
 
     def settings(self, path: str, **shape: Any) -> dict[str, Any]:
         """The table's own settings for kernel ``path`` at ``rows=, heads=, topk=``."""
@@ -299,6 +323,12 @@ class Platform:
     def kernel_config(self, path: str, **shape: Any) -> dict[str, Any]:
         """Triton launch settings for kernel ``path`` at the given problem shape."""
         return self.launch_table.kernel_config(path, **shape)
+
+    def fastest_path(self, rows: int, heads: int, topk: int, kv_fp8: bool = False,
+                     paths: tuple[str, ...] = ("flashmla", "trtllm", "mega")) -> str | None:
+        """The kernel path measured fastest here near this shape (:meth:`LaunchTable.fastest_path`;
+        ``None``: not measured on this hardware)."""
+        return self.launch_table.fastest_path(rows, heads, topk, kv_fp8, paths)
 
     def describe(self) -> dict[str, Any]:
         """Device facts for logs and ``graphattn list``."""

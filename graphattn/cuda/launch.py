@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 from ..common.platform import LaunchTable
-from . import configs
+from . import configs, kernel_times
 
 
 class NvidiaLaunchTable(LaunchTable):
@@ -21,6 +22,9 @@ class NvidiaLaunchTable(LaunchTable):
     def __init__(self, capability: tuple[int, int]):
         super().__init__()
         self.capability = tuple(capability)
+        if self.capability[0] == 9:  # measured on an H200; the settings are sm_90's too
+            self.kernel_times = MappingProxyType(kernel_times.H200_US)
+            self.kernel_times_fp8 = MappingProxyType(kernel_times.H200_US_FP8)
 
     def settings(self, path: str, **shape: Any) -> dict[str, Any]:
         return configs.kernel_config(path, capability=self.capability, **shape)

@@ -18,8 +18,11 @@ from ..common.platform import INTERPRET_ENV, triton_interpreter_env
 with triton_interpreter_env():  # graphattn.common already did unless it was imported before
     import triton
     import triton.language as tl
+    # Programmatic dependent launch (sm_90+): called only under a constexpr the NVIDIA launch
+    # table sets, so other targets and the interpreter never trace them.
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-__all__ = ["jit", "tl", "triton"]
+__all__ = ["gdc_launch_dependents", "gdc_wait", "jit", "tl", "triton"]
 
 
 def jit(fn: Callable[..., Any]) -> Any:

@@ -66,8 +66,10 @@ def _configs(path: str, target: str, kv_fp8: bool = False) -> list[dict[str, Any
     return hip_configs.all_configs(path, target, kv_fp8)
 
 
+# Constexprs a launch passes or leaves at their defaults (a parameter missing here and from
+# the config would be compiled as a runtime argument).
 _FIXED = {"D_NOPE": 512, "D_ROPE": 64, "DOT_F32": False, "DIRECT": False, "BLOCK_S": 32, "KV_FP8": 0,
-          **LOOP_DEFAULTS}
+          "PDL": 0, "LAUNCH_DEPENDENTS": 0, **LOOP_DEFAULTS}
 
 
 def fp8_code(target: str) -> int:
@@ -109,6 +111,8 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
                     variants.append(("fp16", kv))
                     if "DIRECT" in names and not kv:
                         variants.append(("bf16", {"DIRECT": True}))
+                    if "LAUNCH_DEPENDENTS" in names and _combine_pdl(target):
+                        variants.append(("bf16", {**kv, "LAUNCH_DEPENDENTS": 1}))
                 for dtype, extra in variants:
                     job = (kernel, target, {**meta, **extra}, opts, dtype)
                     key = json.dumps(job, sort_keys=True)
@@ -116,6 +120,12 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
                         seen.add(key)
                         out.append(job)
     return out
+
+
+def _combine_pdl(target: str) -> bool:
+    """Whether ``target``'s flashmla combine is a programmatic dependent launch (then the split
+    kernels run with ``LAUNCH_DEPENDENTS``)."""
+    return any(cfg.get("PDL") for cfg in _configs("flashmla_combine", target))
 
 
 def _kernel_fn(kernel: str):

@@ -3,7 +3,9 @@
 Launch 1 (``_flashmla_split_kernel``, or the Gluon ``_flashmla_wgmma_kernel`` on sm_90): one
 program per (row, split, head block) attends over its slice of the row's top-k and writes a
 normalised partial (out f32, natural-log lse) into the caller's workspace. Launch 2
-(``_flashmla_combine_kernel``) merges the partials. With a single split the first launch writes
+(``_flashmla_combine_kernel``) merges the partials; where the launch table says so (sm_90, few
+rows) it is a programmatic dependent launch that starts while the split programs finish and
+waits for their stores inside the kernel. With a single split the first launch writes
 ``out``/``lse`` directly and the combine is skipped.
 
 q is read as it comes, ``[rows, H, 576]`` with any ``H >= 1``: the last head block of a row
@@ -22,7 +24,7 @@ from ..common.metadata import D_QK, D_V
 from ..common.platform import Platform, current_platform, device_scope
 from . import checks
 from ._core import LOG2E, _split_program, _store_final, _store_partial
-from ._jit import jit, tl, triton
+from ._jit import gdc_launch_dependents, gdc_wait, jit, tl, triton
 from .launch import FLASHMLA, KeyedLaunch, LaunchPlan, aligned_16, call_key, make_launch, memoised
 from .plan import cdiv, empty_outputs, kv_fp8_constexpr, launch_parts, path_config, split_layout
 
@@ -38,8 +40,10 @@ def _flashmla_split_kernel(
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
     DIRECT: tl.constexpr, DOT_F32: tl.constexpr, IDX_AHEAD: tl.constexpr, KV_MAJOR: tl.constexpr,
-    KV_FP8: tl.constexpr = 0,
+    KV_FP8: tl.constexpr = 0, LAUNCH_DEPENDENTS: tl.constexpr = 0,
 ):
+    if LAUNCH_DEPENDENTS:  # the combine (a programmatic dependent launch) may start its programs
+        gdc_launch_dependents()
     row, split, hb, h_offs, out, lse = _split_program(
         q_ptr, kv_ptr, idx_ptr, H, pool, topk, split_len, num_splits, qk_scale,
         stride_qr, stride_qh, stride_kv, stride_ir,
@@ -55,10 +59,12 @@ def _flashmla_split_kernel(
 def _flashmla_combine_kernel(
     ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr, H, num_splits,
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-    BLOCK_S: tl.constexpr, D_NOPE: tl.constexpr,
+    BLOCK_S: tl.constexpr, D_NOPE: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     # One program per (row, head): all of its splits are loaded as one [BLOCK_S, D_NOPE] tile,
     # so the combine pays one memory latency instead of one per split.
+    if PDL:  # launched before the split kernel finished: wait for it (and its stores) here
+        gdc_wait()
     pid = tl.program_id(0)
     h = pid % H
     row = (pid // H).to(tl.int64)
@@ -127,13 +133,17 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
         meta["DOT_F32"] = platform.uses_triton_interpreter
         meta["KV_FP8"] = kv_fp8_constexpr(platform, kv_fp8)
     head_blocks = cdiv(heads, meta["BLOCK_H"])
-    main = make_launch(kernel, (rows * splits * head_blocks,), D_NOPE=D_V, D_ROPE=D_ROPE,
-                       DIRECT=splits == 1, **meta, **opts)
     combine = None
     if splits > 1:
         cmeta, copts = launch_parts(path_config(PATH + "_combine", rows, heads, topk, platform))
         combine = make_launch(_flashmla_combine_kernel, (rows * heads,),
                               BLOCK_S=max(2, triton.next_power_of_2(splits)), D_NOPE=D_V, **cmeta, **copts)
+        # A combine launched as a programmatic dependent launch may start on the SMs the split
+        # programs leave idle, once every split program has started (they say so first thing).
+        if cmeta.get("PDL"):
+            meta.setdefault("LAUNCH_DEPENDENTS", 1)
+    main = make_launch(kernel, (rows * splits * head_blocks,), D_NOPE=D_V, D_ROPE=D_ROPE,
+                       DIRECT=splits == 1, **meta, **opts)
     return LaunchPlan(FLASHMLA, rows, heads, topk, splits, split_len, head_blocks, name, main, combine)
 
 

@@ -41,6 +41,14 @@ _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 
 @gluon.jit
+def _launch_dependents():
+    """``griddepcontrol.launch_dependents``: a programmatic dependent launch after this kernel
+    (flashmla's combine) may start once every program has run this."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
 def _load_indices(idx_row_ptr, n0, end, BLOCK_N: gl.constexpr, layout: gl.constexpr):
     """Indices ``[n0, n0 + BLOCK_N)`` of a row in ``layout`` (−1 past ``end``)."""
     cols = n0 + gl.arange(0, BLOCK_N, layout=layout)
@@ -71,7 +79,7 @@ def _flashmla_wgmma_kernel(
     stride_qr, stride_qh, stride_kv, stride_ir,
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-    STAGES: gl.constexpr, DIRECT: gl.constexpr,
+    STAGES: gl.constexpr, DIRECT: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr = 0,
 ):
     """Arguments, grid and outputs as ``_flashmla_split_kernel`` (graphattn.kernels.flashmla);
     launch with ``num_warps=8``. q/kv bf16 or fp16 with 16-byte aligned rows; any ``H >= 1``
@@ -96,6 +104,8 @@ def _flashmla_wgmma_kernel(
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
+    if LAUNCH_DEPENDENTS:  # the combine (a programmatic dependent launch) may start its programs
+        _launch_dependents()
     pid = gl.program_id(0)
     head_blocks = gl.cdiv(H, BLOCK_H)
     hb = pid % head_blocks

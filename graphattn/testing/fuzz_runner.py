@@ -28,7 +28,7 @@ from typing import Callable, Iterable
 
 from .fuzz import CPU, GPU, CaseResult, FuzzCase, Summary, draw_cases, regression_cases, run_case
 
-BUILTIN = ("flashmla", "trtllm", "flashmla_mega", "torch")
+BUILTIN = ("dispatch", "flashmla", "trtllm", "flashmla_mega", "torch")
 
 
 class _Worker:
