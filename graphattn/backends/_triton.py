@@ -27,10 +27,11 @@ class TritonBackend(AttentionBackend):
     """Base of the backends whose ``forward`` is one Triton kernel path.
 
     Subclasses set ``kernel_spec`` (or ``kernel_specs``, every path a backend may choose per
-    row count, as ``dispatch`` does) and ``_build_plan``; ``uses_counter`` and ``uses_workspace``
-    follow from the specs, and each launch runs the path of its plan. The kernels read q as it comes, at any head count, so no Triton
-    backend pads q (``pads_q`` stays False) or narrows its outputs. ``plan()`` writes the
-    step's indices and builds (or finds) the step's :class:`LaunchPlan`. ``forward()`` checks
+    row count, as ``dispatch`` does, with ``_spec_for``) and ``_build_plan``; ``uses_counter``
+    and ``uses_workspace`` follow from the specs, and each launch runs the path of its plan.
+    The kernels read q as it comes, at any head count, so no Triton backend pads q (``pads_q``
+    stays False) or narrows its outputs. ``plan()`` writes the step's indices and builds (or
+    finds) the step's :class:`LaunchPlan`. ``forward()`` checks
     Python attributes, then, with no tracing, compiling, dispatch mode or graph capture active,
     runs the bound call the metadata keeps for (backend, rows, alignment): the plan with its
     index, counter and workspace views and their strides bound (the kernel module's
@@ -142,10 +143,9 @@ class TritonBackend(AttentionBackend):
         return out
 
     def _spec_for(self, metadata: GraphMetadata, q: torch.Tensor, kv: torch.Tensor) -> KernelSpec:
-        """The kernel path a call runs: the backend's one path, or its launch plan's."""
-        if len(self.kernel_specs) == 1:
-            return self.kernel_specs[0]
-        return self.launch_plan(metadata, q.shape[0], aligned_16(q, kv) if self._alignment else True).spec
+        """The kernel path whose custom op a call runs: the backend's one path (a backend with
+        several overrides this with the choice its launch plans make, traceable by dynamo)."""
+        return self.kernel_specs[0]
 
     def _fixed_args(self, metadata: GraphMetadata, rows: int, splits: int | None, spec: KernelSpec) -> list[Any]:
         """``spec``'s kernel arguments after q and kv: indices, scale, [counter], [workspace
