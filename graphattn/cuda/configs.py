@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 from typing import Any
 
 import torch
@@ -57,11 +58,18 @@ WGMMA_SPLIT_COST_BLOCKS = 2
 
 @functools.cache  # a process constant; find_spec searches the file system (~0.9 ms) every call
 def gluon_available() -> bool:
-    """True when this triton has Gluon's Hopper dialect (triton >= 3.5), which the wgmma kernel needs."""
+    """True when this triton has Gluon's Hopper dialect (triton >= 3.5), which the wgmma kernel needs.
+
+    Looked up on disk, not imported: importing Gluon fails in a process whose triton was first
+    imported for the interpreter (no GPU), where the answer still decides which kernels the
+    ahead-of-time compile covers."""
     try:
-        return importlib.util.find_spec("triton.experimental.gluon.language.nvidia.hopper") is not None
+        spec = importlib.util.find_spec("triton.experimental.gluon")
     except ImportError:
         return False
+    roots = (spec.submodule_search_locations or []) if spec is not None else []
+    hopper = [os.path.join(root, "language", "nvidia", "hopper") for root in roots]
+    return any(os.path.isdir(path) or os.path.isfile(path + ".py") for path in hopper)
 
 
 def _wgmma(path: str, capability: tuple[int, int]) -> bool:

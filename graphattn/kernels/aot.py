@@ -131,8 +131,13 @@ def _combine_pdl(target: str) -> bool:
 def _kernel_fn(kernel: str):
     import importlib
 
+    from ..common.platform import triton_interpreter_env
+
     module, fn, _ = KERNELS[kernel]
-    return getattr(importlib.import_module(module), fn)
+    # Where kernels are interpreted (a CPU process listing the jobs), Gluon imports only with
+    # the interpreter's knob on, like every other kernel module here; compiles run elsewhere.
+    with triton_interpreter_env():
+        return getattr(importlib.import_module(module), fn)
 
 
 def _arg_names(kernel: str) -> list[str]:
