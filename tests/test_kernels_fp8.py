@@ -103,24 +103,21 @@ def test_fp8_tokens_need_the_656_byte_layout():
         sparse_mla_mega(q, unaligned, idx, 0.1)
 
 
-def test_sm90_flashmla_reads_fp8_with_a_triton_tile(monkeypatch):
-    """The Gluon wgmma kernel does not read FP8 tokens yet and the tokens-major tile spills
-    with them: FP8 kv runs flashmla's heads-major Triton tiles at sm_90's FP8 warp count
-    (where those tiles do not spill), at every row count."""
+def test_sm90_flashmla_reads_fp8_with_the_gluon_kernel(monkeypatch):
+    """On sm_90 FP8 kv runs the Gluon kernel's FP8 variant at every row count (never the
+    tokens-major tile, which spills with FP8); trtllm and mega keep the heads-major Triton tiles
+    at sm_90's FP8 warp count (where they do not spill)."""
     from graphattn.cuda import configs as cuda_configs
     from graphattn.kernels import flashmla
 
+    if not cuda_configs.gluon_available():
+        pytest.skip("this triton has no Gluon Hopper dialect")
     monkeypatch.setattr(type(current_platform()), "kernel_config",
                         lambda self, p, **kw: cuda_configs.kernel_config(p, **kw))
     q = torch.randn(4, 64, 576)
     kv8 = kv_layout.quantize_kv(torch.randn(100, 576))
-    assert flashmla.kernel_name(q, kv8, 2048) == "triton"
-    kernel, cfg = flashmla._split_kernel(q, kv8, 2048)
-    assert kernel is flashmla._flashmla_split_kernel
-    assert cfg == flashmla.path_config("flashmla", 4, 64, 2048, kv_fp8=True)
-    assert cfg["num_warps"] == cuda_configs.FP8_NUM_WARPS[cfg["BLOCK_H"]] and not cfg["KV_MAJOR"], cfg
-    assert cuda_configs.kernel_config("trtllm", 1, 16, 2048, kv_fp8=True)["num_warps"] == 8  # no spills
-    assert flashmla.kernel_name(q[:1], kv8, 2048) == "triton"
+    assert flashmla.kernel_name(q, kv8, 2048) == "wgmma_fp8"
+    assert flashmla.kernel_name(q[:1], kv8, 2048) == "wgmma_fp8"
     assert flashmla.kernel_name(q[:1], q.new_empty(100, 576), 2048) == "triton_kv_major"  # plain kv
-    plan = flashmla._plan(current_platform(), 4, 64, 2048, 8, True, True)
-    assert plan.main.kwargs["KV_FP8"] == 1 and plan.kernel == "triton", plan
+    cfg = cuda_configs.kernel_config("trtllm", 1, 16, 2048, kv_fp8=True)
+    assert cfg["num_warps"] == cuda_configs.FP8_NUM_WARPS[cfg["BLOCK_H"]] == 8 and not cfg["KV_MAJOR"], cfg

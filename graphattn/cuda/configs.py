@@ -153,7 +153,9 @@ def kernel_config(path: str, rows: int = 1, heads: int = 64, topk: int = 2048,
     elif path == "mega":
         cfg = _tiles(heads, kv_fp8)
     else:
-        if kv_fp8:  # neither the tokens-major tile nor the Gluon kernel (see FP8_NUM_WARPS)
+        if kv_fp8 and _wgmma(path, capability):  # the Gluon kernel's FP8 variant, at every size
+            tiles = dict(_WGMMA_TILE)
+        elif kv_fp8:  # never the tokens-major tile (it spills; see FP8_NUM_WARPS)
             tiles = _tiles(heads, kv_fp8)
         elif _kv_major(path, rows, heads, capability):
             tiles = dict(_KV_MAJOR_TILE)
@@ -172,7 +174,8 @@ def all_configs(path: str, kv_fp8: bool = False) -> list[dict[str, Any]]:
     if path == "flashmla_combine":
         return [dict(_COMBINE), dict(_COMBINE_PDL)]
     if kv_fp8:
-        return [_tiles(max_heads, kv_fp8) for max_heads, _ in _TILES]
+        fp8 = [_tiles(max_heads, kv_fp8) for max_heads, _ in _TILES]
+        return fp8 + ([dict(_WGMMA_TILE)] if path == "flashmla" and gluon_available() else [])
     tiles = [_tiles(max_heads) for max_heads, _ in _TILES]
     if not path.startswith("flashmla"):
         return tiles

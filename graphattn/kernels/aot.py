@@ -37,11 +37,13 @@ TARGETS = {"sm90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64), "gfx950": 
 KERNELS = {
     "flashmla_split": ("graphattn.kernels.flashmla", "_flashmla_split_kernel", "flashmla"),
     "flashmla_wgmma": ("graphattn.kernels.wgmma", "_flashmla_wgmma_kernel", "flashmla"),
+    "flashmla_wgmma_fp8": ("graphattn.kernels.wgmma_fp8", "_flashmla_wgmma_fp8_kernel", "flashmla"),
     "flashmla_combine": ("graphattn.kernels.flashmla", "_flashmla_combine_kernel", "flashmla_combine"),
     "trtllm": ("graphattn.kernels.trtllm", "_trtllm_kernel", "trtllm"),
     "mega": ("graphattn.kernels.mega", "_mega_kernel", "mega"),
 }
-_KERNEL_KEY = {"flashmla_wgmma": "wgmma"}  # the "kernel" config value each non-Triton kernel runs
+_KERNEL_KEY = {"flashmla_wgmma": "wgmma", "flashmla_wgmma_fp8": "wgmma"}  # the "kernel" value each non-Triton kernel runs
+_FP8_ONLY = ("flashmla_wgmma_fp8",)  # kernels that read only 656-byte FP8 tokens
 _F32_PTRS = ("ws_out_ptr", "ws_lse_ptr", "lse_ptr")
 _I32_PTRS = ("idx_ptr", "counter_ptr")
 
@@ -97,10 +99,10 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
             fp8 = {"KV_FP8": fp8_code(target)} if "KV_FP8" in names else None
             # The settings the launch table gives plain kv, then (kernels that read them) those
             # it gives 656-byte FP8 tokens, each compiled with its KV_FP8 code.
-            settings = [(i, cfg, {}) for i, cfg in enumerate(configs)]
+            settings = [] if kernel in _FP8_ONLY else [(i, cfg, {}) for i, cfg in enumerate(configs)]
             if fp8:
-                settings += [(i, cfg, fp8) for i, cfg in enumerate(_configs(path, target, kv_fp8=True))
-                             if cfg.get("kernel") == _KERNEL_KEY.get(kernel)]
+                fp8_configs = [c for c in _configs(path, target, kv_fp8=True) if c.get("kernel") == _KERNEL_KEY.get(kernel)]
+                settings += [(i, cfg, fp8) for i, cfg in enumerate(fp8_configs)]
             for i, cfg, kv in settings:
                 meta, opts = launch_parts(cfg)
                 # _FIXED fills in what the config leaves to the launcher; the config's own

@@ -102,23 +102,27 @@ def _select(rows: int, heads: int, topk: int, aligned: bool,
     10: 48 heads x 2 rows with a kv row stride of 600). The heads-major tiles are correct for
     any stride.
 
-    ``kv_fp8`` (656-byte FP8 tokens): the Gluon kernel does not read them yet, so where the
-    platform chose it the heads-major Triton tiles run (the tokens-major tile reads them).
+    ``kv_fp8`` (656-byte FP8 tokens): where the platform chose the Gluon kernel, its FP8
+    variant (``graphattn.kernels.wgmma_fp8``) runs.
     """
     cfg = path_config(PATH, rows, heads, topk, platform, kv_fp8)
     wgmma = cfg.get("kernel") == "wgmma"
-    if (wgmma and kv_fp8) or ((wgmma or cfg.get("KV_MAJOR")) and not aligned):
+    if (wgmma or cfg.get("KV_MAJOR")) and not aligned:
         return (_flashmla_split_kernel, path_config(PATH + "_triton", rows, heads, topk, platform, kv_fp8),
                 "triton")
     if not wgmma:
         return _flashmla_split_kernel, cfg, "triton_kv_major" if cfg.get("KV_MAJOR") else "triton"
+    if kv_fp8:
+        from .wgmma_fp8 import _flashmla_wgmma_fp8_kernel  # Gluon, as below
+
+        return _flashmla_wgmma_fp8_kernel, cfg, "wgmma_fp8"
     from .wgmma import _flashmla_wgmma_kernel  # Gluon: imported only where the platform picks it
 
     return _flashmla_wgmma_kernel, cfg, "wgmma"
 
 
 def kernel_name(q: torch.Tensor, kv: torch.Tensor, topk: int) -> str:
-    """The split kernel a launch over ``q`` and ``kv`` runs: ``"wgmma"`` (Gluon, sm_90),
+    """The split kernel a launch over ``q`` and ``kv`` runs: ``"wgmma"`` / ``"wgmma_fp8"`` (Gluon, sm_90),
     ``"triton_kv_major"`` (the tokens-major Triton tile) or ``"triton"`` (the heads-major tiles)."""
     return _select(q.shape[0], q.shape[1], topk, aligned_16(q, kv), is_fp8_kv(kv))[2]
 

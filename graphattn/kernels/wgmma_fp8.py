@@ -1,0 +1,286 @@
+"""flashmla's split kernel for sm_90 reading 656-byte FP8 KV tokens (Gluon: cp.async ring + wgmma).
+
+The schedule of :mod:`graphattn.kernels.wgmma` (one program per (row, split, 64-head block), two
+warpgroups, q resident in shared memory, a 2-slot ring of 64-token tiles gathered with 16-byte
+``cp.async`` copies), with the token's three parts gathered separately: the 512 FP8 bytes of the
+latent part, its 4 float32 block scales, its 64 bf16 rotary values
+(:mod:`graphattn.common.kv_layout`). Per tile:
+
+* **convert**: the FP8 bytes of the landed slot are converted, exactly, to q's dtype (e4m3 has
+  4 significant bits) into one shared-memory tile; no scale is applied there. With fp16 q the
+  bf16 rotary values are rounded to fp16 on their way into the rope slot (through registers),
+  as the reference multiplies them; with bf16 q they are copied as they are.
+* **scores**: ``S = q_rope k_rope^T + sum_b scale_b * (q_b k_b^T)`` over the four 128-column
+  blocks ``b``: each block's product is a wgmma on the exact FP8 values, scaled per token in
+  float32, so the scores carry no dequantisation rounding (what the Triton FP8 path and the
+  float64 reference of the dequantised cache do).
+* **output**: ``O_b += (P * scale_b)  V_b`` per block: four ``[64, 128]`` float32 accumulators
+  (the ``[64, 512]`` of the bf16 kernel, by column block), the weights ``P * scale_b`` rounded
+  to q's dtype as the Triton path rounds them.
+
+Shared memory (q bf16/fp16): q 72 KB, the FP8 ring 2 x 32 KB, the rope ring 2 x 8 KB, the
+scales 2 x 1 KB, the converted tile 64 KB: 218 KB, one program per SM.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as _async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from ..common.kv_layout import ROPE_OFFSET, SCALE_OFFSET, TILE
+from .wgmma import _async_load, _cta_barrier, _launch_dependents, _load_indices
+
+# The token layout (graphattn.common.kv_layout), as kernel constants.
+FP8_SCALE_OFFSET = gl.constexpr(SCALE_OFFSET)  # bytes: the 4 float32 scales after the 512 FP8 values
+FP8_ROPE_OFFSET = gl.constexpr(ROPE_OFFSET)  # bytes: then the 64 bf16 rotary values
+FP8_BLOCK = gl.constexpr(TILE)  # values per scale
+
+
+@gluon.jit
+def _issue_gather_fp8(kv_ptr, stride_kv, pool, idx_n, idx_r, idx_c, k8_slot, kr_slot, sc_slot,
+                      D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
+                      gather_n: gl.constexpr, gather_r: gl.constexpr, gather_c: gl.constexpr):
+    """cp.async the tokens ``idx`` into one ring slot: FP8 bytes ``[BLOCK_N, 512]`` u8, rope
+    ``[BLOCK_N, 64]`` bf16, scales ``[BLOCK_N, 4]`` f32; one copy group. ``idx_n``/``idx_r``/
+    ``idx_c``: the same indices in the three gather layouts. Invalid tokens read nothing (zeros)."""
+    valid_n = (idx_n >= 0) & (idx_n < pool)
+    rows_n = gl.where(valid_n, idx_n, 0).to(gl.int64) * stride_kv
+    cols_n = gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, gather_n))
+    _async_load(k8_slot, kv_ptr + rows_n[:, None] + cols_n[None, :], mask=valid_n[:, None])
+    if kr_slot.dtype == gl.bfloat16:  # else the rope is converted on its way (_rope_to_q_dtype)
+        _async_load(kr_slot, _rope_ptrs(kv_ptr, stride_kv, pool, idx_r, D_ROPE, gather_r), mask=(
+            (idx_r >= 0) & (idx_r < pool))[:, None])
+    valid_c = (idx_c >= 0) & (idx_c < pool)
+    rows_c = gl.where(valid_c, idx_c, 0).to(gl.int64) * stride_kv
+    scales = (kv_ptr + rows_c + FP8_SCALE_OFFSET).to(gl.pointer_type(gl.float32))
+    cols_c = gl.arange(0, 4, layout=gl.SliceLayout(0, gather_c))
+    _async_load(sc_slot, scales[:, None] + cols_c[None, :], mask=valid_c[:, None])
+    _async_copy.commit_group()
+
+
+@gluon.jit
+def _rope_ptrs(kv_ptr, stride_kv, pool, idx, D_ROPE: gl.constexpr, layout: gl.constexpr):
+    """Pointers ``[BLOCK_N, 64]`` to the tokens' bf16 rotary values (row 0 for invalid ones)."""
+    valid = (idx >= 0) & (idx < pool)
+    rows = gl.where(valid, idx, 0).to(gl.int64) * stride_kv
+    rope = (kv_ptr + rows + FP8_ROPE_OFFSET).to(gl.pointer_type(gl.bfloat16))
+    return rope[:, None] + gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, layout))[None, :]
+
+
+@gluon.jit
+def _rope_to_q_dtype(kv_ptr, stride_kv, pool, idx, kr_slot, D_ROPE: gl.constexpr, layout: gl.constexpr):
+    """fp16 q: the tokens' bf16 rotary values rounded to fp16 into the rope slot (what the
+    reference multiplies); they go through registers, as ``cp.async`` cannot convert."""
+    valid = (idx >= 0) & (idx < pool)
+    rope = gl.load(_rope_ptrs(kv_ptr, stride_kv, pool, idx, D_ROPE, layout), mask=valid[:, None], other=0.0)
+    kr_slot.store(rope.to(kr_slot.dtype))
+
+
+@gluon.jit
+def _convert_block(k8_slot, kc, b: gl.constexpr, conv: gl.constexpr):
+    """FP8 columns ``[128 b, 128 b + 128)`` of the landed slot -> the converted tile, exactly."""
+    raw = k8_slot.slice(b * FP8_BLOCK, FP8_BLOCK, dim=1).load(conv)
+    kc.slice(b * FP8_BLOCK, FP8_BLOCK, dim=1).store(raw.to(gl.float8e4nv, bitcast=True).to(kc.dtype))
+
+
+@gluon.jit
+def _block_scale(sc_slot, b: gl.constexpr, scale_l: gl.constexpr, s_layout: gl.constexpr):
+    """The tokens' scale of block ``b`` ``[BLOCK_N]`` f32, in the layout of the score columns."""
+    col = sc_slot.slice(b, 1, dim=1).load(scale_l)  # [BLOCK_N, 1]
+    return gl.convert_layout(gl.sum(col, axis=1), gl.SliceLayout(0, s_layout))
+
+
+@gluon.jit
+def _block_scores(s, q_nope, kc, scale, b: gl.constexpr, zeros):
+    """``s + scale * (q_b k_b^T)`` for column block ``b`` (exact FP8 values, f32 scale)."""
+    t = warpgroup_mma(q_nope.slice(b * FP8_BLOCK, FP8_BLOCK, dim=1),
+                      kc.slice(b * FP8_BLOCK, FP8_BLOCK, dim=1).permute((1, 0)), zeros,
+                      use_acc=False, is_async=True)
+    t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
+    return s + t * scale[None, :]
+
+
+@gluon.jit
+def _block_pv(acc, p, scale, kc, b: gl.constexpr, alpha, p_layout: gl.constexpr, row_o: gl.constexpr):
+    """``alpha * acc + (p * scale)  V_b`` for column block ``b``: the weights rounded to q's dtype."""
+    acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+    w = gl.convert_layout((p * scale[None, :]).to(kc.dtype), p_layout)
+    acc = warpgroup_mma(w, kc.slice(b * FP8_BLOCK, FP8_BLOCK, dim=1), acc, is_async=True)
+    return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+
+@gluon.jit
+def _store_block(acc, l, b: gl.constexpr, row, h_o, H, out_ptr, w_base, stride_wh, o_mask,
+                 o_layout: gl.constexpr, row_o: gl.constexpr, D_NOPE: gl.constexpr, DIRECT: gl.constexpr):
+    out = acc / gl.convert_layout(gl.where(l == 0.0, 1.0, l), row_o)[:, None]
+    d_o = b * FP8_BLOCK + gl.arange(0, FP8_BLOCK, layout=gl.SliceLayout(0, o_layout))
+    if DIRECT:
+        rh = row.to(gl.int64) * H + h_o
+        gl.store(out_ptr + rh[:, None] * D_NOPE + d_o[None, :], out.to(out_ptr.dtype.element_ty), mask=o_mask)
+    else:
+        gl.store(w_base + h_o[:, None] * stride_wh + d_o[None, :], out, mask=o_mask)
+
+
+@gluon.jit
+def _flashmla_wgmma_fp8_kernel(
+    q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+    H, pool, topk, split_len, num_splits, qk_scale,
+    stride_qr, stride_qh, stride_kv, stride_ir,
+    stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+    BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
+    STAGES: gl.constexpr, DIRECT: gl.constexpr, KV_FP8: gl.constexpr = 1,
+    LAUNCH_DEPENDENTS: gl.constexpr = 0,
+):
+    """Arguments, grid and outputs as ``_flashmla_wgmma_kernel``, with ``kv_ptr`` the 656-byte
+    tokens ``[pool, 656]`` uint8 (e4m3fn; ``stride_kv`` in bytes, a multiple of 16) and q
+    bf16/fp16; launch with ``num_warps=8``."""
+    gl.static_assert(BLOCK_H == 64, "one wgmma M tile of heads per program")
+    gl.static_assert(gl.num_warps() == 8, "two warpgroups: launch with num_warps=8")
+    gl.static_assert(STAGES == 2, "a 2-slot ring: shared memory holds no third")
+    gl.static_assert(KV_FP8 == 1, "sm_90 tokens are e4m3fn")
+    gl.static_assert(D_NOPE == 4 * FP8_BLOCK, "four scale blocks of 128 values")
+    if LAUNCH_DEPENDENTS:
+        _launch_dependents()
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, FP8_BLOCK // 2, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    gather_q: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 8], threads_per_warp=[1, 32], warps_per_cta=[8, 1], order=[1, 0])
+    gather_n: gl.constexpr = gl.BlockedLayout(  # 16 FP8 bytes per copy, 32 copies per 512-byte row
+        size_per_thread=[1, 16], threads_per_warp=[1, 32], warps_per_cta=[8, 1], order=[1, 0])
+    gather_r: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[8, 1], order=[1, 0])
+    gather_c: gl.constexpr = gl.BlockedLayout(  # one 16-byte copy (4 scales) per token
+        size_per_thread=[1, 4], threads_per_warp=[32, 1], warps_per_cta=[8, 1], order=[1, 0])
+    conv: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[8, 1], order=[1, 0])
+    scale_l: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 1], threads_per_warp=[32, 1], warps_per_cta=[8, 1], order=[0, 1])
+    smem16: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    smem8: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    plain: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    pid = gl.program_id(0)
+    head_blocks = gl.cdiv(H, BLOCK_H)
+    hb = pid % head_blocks
+    split = (pid // head_blocks) % num_splits
+    row = pid // (head_blocks * num_splits)
+    start = split * split_len
+    end = gl.minimum(start + split_len, topk)
+    n_tiles = gl.cdiv(end - start, BLOCK_N)
+    idx_row_ptr = idx_ptr + row.to(gl.int64) * stride_ir
+
+    q_nope = gl.allocate_shared_memory(dtype, [BLOCK_H, D_NOPE], smem16)
+    q_rope = gl.allocate_shared_memory(dtype, [BLOCK_H, D_ROPE], smem16)
+    k8 = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, D_NOPE], smem8)
+    k_rope = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_ROPE], smem16)
+    k_scale = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, 4], plain)
+    kc = gl.allocate_shared_memory(dtype, [BLOCK_N, D_NOPE], smem16)
+
+    q_base = q_ptr + row.to(gl.int64) * stride_qr
+    h_n = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, gather_q))
+    h_r = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, gather_r))
+    _async_load(q_nope, q_base + h_n[:, None] * stride_qh
+                + gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, gather_q))[None, :],
+                mask=(h_n < H)[:, None])
+    _async_load(q_rope, q_base + h_r[:, None] * stride_qh
+                + D_NOPE + gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, gather_r))[None, :],
+                mask=(h_r < H)[:, None])
+    _issue_gather_fp8(kv_ptr, stride_kv, pool,
+                      _load_indices(idx_row_ptr, start, end, BLOCK_N, gl.SliceLayout(1, gather_n)),
+                      _load_indices(idx_row_ptr, start, end, BLOCK_N, gl.SliceLayout(1, gather_r)),
+                      _load_indices(idx_row_ptr, start, end, BLOCK_N, gl.SliceLayout(1, gather_c)),
+                      k8.index(0), k_rope.index(0), k_scale.index(0), D_NOPE, D_ROPE,
+                      gather_n, gather_r, gather_c)
+    n_ahead = start + BLOCK_N
+    idx_n = _load_indices(idx_row_ptr, n_ahead, end, BLOCK_N, gl.SliceLayout(1, gather_n))
+    idx_r = _load_indices(idx_row_ptr, n_ahead, end, BLOCK_N, gl.SliceLayout(1, gather_r))
+    idx_c = _load_indices(idx_row_ptr, n_ahead, end, BLOCK_N, gl.SliceLayout(1, gather_c))
+
+    zeros = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
+    m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_s)
+    l = gl.full([BLOCK_H], 0.0, gl.float32, layout=row_s)
+    acc0 = gl.zeros([BLOCK_H, FP8_BLOCK], gl.float32, layout=o_layout)
+    acc1 = gl.zeros([BLOCK_H, FP8_BLOCK], gl.float32, layout=o_layout)
+    acc2 = gl.zeros([BLOCK_H, FP8_BLOCK], gl.float32, layout=o_layout)
+    acc3 = gl.zeros([BLOCK_H, FP8_BLOCK], gl.float32, layout=o_layout)
+    for i in range(0, n_tiles):
+        slot = i % STAGES
+        # Tile i has landed (wait + fence + barrier), and every warp is done with tile i - 1:
+        # its products read the converted tile, which is rewritten next, and its slot is refilled.
+        _async_copy.wait_group(0)
+        fence_async_shared()
+        _cta_barrier()
+        nxt = (i + 1) % STAGES
+        _issue_gather_fp8(kv_ptr, stride_kv, pool, idx_n, idx_r, idx_c,
+                          k8.index(nxt), k_rope.index(nxt), k_scale.index(nxt), D_NOPE, D_ROPE,
+                          gather_n, gather_r, gather_c)
+        n_next = start + (i + 2) * BLOCK_N
+        idx_n = _load_indices(idx_row_ptr, n_next, end, BLOCK_N, gl.SliceLayout(1, gather_n))
+        idx_r = _load_indices(idx_row_ptr, n_next, end, BLOCK_N, gl.SliceLayout(1, gather_r))
+        idx_c = _load_indices(idx_row_ptr, n_next, end, BLOCK_N, gl.SliceLayout(1, gather_c))
+        idx_s = _load_indices(idx_row_ptr, start + i * BLOCK_N, end, BLOCK_N, gl.SliceLayout(0, s_layout))
+
+        k8_slot = k8.index(slot)
+        if dtype != gl.bfloat16:
+            idx_rc = _load_indices(idx_row_ptr, start + i * BLOCK_N, end, BLOCK_N, gl.SliceLayout(1, gather_r))
+            _rope_to_q_dtype(kv_ptr, stride_kv, pool, idx_rc, k_rope.index(slot), D_ROPE, gather_r)
+        _convert_block(k8_slot, kc, 0, conv)
+        _convert_block(k8_slot, kc, 1, conv)
+        _convert_block(k8_slot, kc, 2, conv)
+        _convert_block(k8_slot, kc, 3, conv)
+        fence_async_shared()  # the converted tile, written by every thread, read by wgmma
+        _cta_barrier()
+
+        sc_slot = k_scale.index(slot)
+        sc0 = _block_scale(sc_slot, 0, scale_l, s_layout)
+        sc1 = _block_scale(sc_slot, 1, scale_l, s_layout)
+        sc2 = _block_scale(sc_slot, 2, scale_l, s_layout)
+        sc3 = _block_scale(sc_slot, 3, scale_l, s_layout)
+        s = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), zeros, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        s = _block_scores(s, q_nope, kc, sc0, 0, zeros)
+        s = _block_scores(s, q_nope, kc, sc1, 1, zeros)
+        s = _block_scores(s, q_nope, kc, sc2, 2, zeros)
+        s = _block_scores(s, q_nope, kc, sc3, 3, zeros)
+
+        valid = (idx_s >= 0) & (idx_s < pool)
+        s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m, gl.max(s, axis=1))
+        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m - m_ref)
+        p = gl.exp2(s - m_ref[:, None])
+        l = l * alpha + gl.sum(p, axis=1)
+        m = m_new
+        acc0 = _block_pv(acc0, p, sc0, kc, 0, alpha, p_layout, row_o)
+        acc1 = _block_pv(acc1, p, sc1, kc, 1, alpha, p_layout, row_o)
+        acc2 = _block_pv(acc2, p, sc2, kc, 2, alpha, p_layout, row_o)
+        acc3 = _block_pv(acc3, p, sc3, kc, 3, alpha, p_layout, row_o)
+    _async_copy.wait_group(0)  # the ring's trailing (masked-off) group
+
+    empty = l == 0.0
+    lse = gl.where(empty, float("-inf"), (m + gl.log2(gl.where(empty, 1.0, l))) * 0.6931471805599453)
+    h_o = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_o)
+    h_s = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_s)
+    o_mask = (h_o < H)[:, None]  # heads >= H exist only in this program: never stored
+    w_base = ws_out_ptr + row.to(gl.int64) * stride_wr + split * stride_ws
+    _store_block(acc0, l, 0, row, h_o, H, out_ptr, w_base, stride_wh, o_mask, o_layout, row_o, D_NOPE, DIRECT)
+    _store_block(acc1, l, 1, row, h_o, H, out_ptr, w_base, stride_wh, o_mask, o_layout, row_o, D_NOPE, DIRECT)
+    _store_block(acc2, l, 2, row, h_o, H, out_ptr, w_base, stride_wh, o_mask, o_layout, row_o, D_NOPE, DIRECT)
+    _store_block(acc3, l, 3, row, h_o, H, out_ptr, w_base, stride_wh, o_mask, o_layout, row_o, D_NOPE, DIRECT)
+    if DIRECT:
+        gl.store(lse_ptr + row.to(gl.int64) * H + h_s, lse, mask=h_s < H)
+    else:
+        gl.store(ws_lse_ptr + row.to(gl.int64) * stride_lr + split * stride_ls + h_s, lse, mask=h_s < H)
