@@ -31,13 +31,12 @@ class TritonBackend(AttentionBackend):
     and ``uses_workspace`` follow from the specs, and each launch runs the path of its plan.
     The kernels read q as it comes, at any head count, so no Triton backend pads q (``pads_q``
     stays False) or narrows its outputs. ``plan()`` writes the step's indices and builds (or
-    finds) the step's :class:`LaunchPlan`. ``forward()`` checks
-    Python attributes, then, with no tracing, compiling, dispatch mode or graph capture active,
-    runs the bound call the metadata keeps for (backend, rows, alignment): the plan with its
-    index, counter and workspace views and their strides bound (the kernel module's
-    ``bind_<path>``), launching through specialised launchers. Otherwise it calls the custom
-    op, so ``torch.compile``, the capture sanitizer, the CPU graph emulator and capture marking
-    see every kernel.
+    finds) the step's :class:`LaunchPlan`. ``forward()`` checks Python attributes, then, with
+    no tracing, compiling, dispatch mode or graph capture active, runs the bound call the
+    metadata keeps for (backend, rows, alignment): the plan with its index, counter and
+    workspace views and their strides bound (the kernel module's ``bind_<path>``), launching
+    through specialised launchers. Otherwise it calls the custom op, so ``torch.compile``, the
+    capture sanitizer, the CPU graph emulator and capture marking see every kernel.
     """
 
     uses_triton = True

@@ -29,6 +29,6 @@ class FlashMLABackend(TritonBackend):
     description = "FlashMLA-style: any heads (q unpadded), split-KV workspace + combine kernel"
 
     def _build_plan(self, rows: int, aligned: bool, ws_splits: int) -> LaunchPlan:
-        return self._modules["flashmla"].plan_flashmla(rows, self.num_heads, self.topk, ws_splits, aligned,
-                                          self.kv_fp8, self.platform)
+        return self._modules["flashmla"].plan_flashmla(
+            rows, self.num_heads, self.topk, ws_splits, aligned, self.kv_fp8, self.platform)
 

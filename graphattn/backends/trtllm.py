@@ -28,6 +28,6 @@ class TrtllmBackend(TritonBackend):
     description = "TRT-LLM-style: any heads, multi-CTA split-KV, last CTA combines (one launch)"
 
     def _build_plan(self, rows: int, aligned: bool, ws_splits: int) -> LaunchPlan:
-        return self._modules["trtllm"].plan_trtllm(rows, self.num_heads, self.topk, ws_splits, self.kv_fp8,
-                                        self.platform)
+        return self._modules["trtllm"].plan_trtllm(
+            rows, self.num_heads, self.topk, ws_splits, self.kv_fp8, self.platform)
 

@@ -40,6 +40,9 @@ _LAUNCH_TABLES = {
     "amd": "graphattn.hip.launch.AmdLaunchTable",
 }
 _EMULATED_SEGMENT = "graphattn.graphs.emulated.EmulatedGraphSegment"
+# The kernel paths (graphattn.kernels.plan.PATHS), named here so launch tables can key their
+# measured times by them.
+KERNEL_PATHS = ("flashmla", "trtllm", "mega")
 
 
 def load_dotted(path: str) -> Any:
@@ -156,7 +159,7 @@ class LaunchTable:
         self._overrides: dict[str, dict[str, Any]] = {}
 
     def fastest_path(self, rows: int, heads: int, topk: int, kv_fp8: bool = False,
-                     paths: tuple[str, ...] = ("flashmla", "trtllm", "mega")) -> str | None:
+                     paths: tuple[str, ...] = KERNEL_PATHS) -> str | None:
         """The kernel path of ``paths`` measured fastest at the measured shape nearest to
         ``(heads, rows, topk)`` (:attr:`kernel_times`; distance in log2 of each size, ties to
         the first measured), or ``None`` where no shape was measured with one of ``paths``."""
@@ -325,7 +328,7 @@ class Platform:
         return self.launch_table.kernel_config(path, **shape)
 
     def fastest_path(self, rows: int, heads: int, topk: int, kv_fp8: bool = False,
-                     paths: tuple[str, ...] = ("flashmla", "trtllm", "mega")) -> str | None:
+                     paths: tuple[str, ...] = KERNEL_PATHS) -> str | None:
         """The kernel path measured fastest here near this shape (:meth:`LaunchTable.fastest_path`;
         ``None``: not measured on this hardware)."""
         return self.launch_table.fastest_path(rows, heads, topk, kv_fp8, paths)

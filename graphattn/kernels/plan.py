@@ -20,9 +20,9 @@ import torch
 
 from ..common.kv_layout import fp8_kernel_code
 from ..common.metadata import D_V
-from ..common.platform import Platform, current_platform
+from ..common.platform import KERNEL_PATHS, Platform, current_platform
 
-PATHS = ("flashmla", "trtllm", "mega")
+PATHS = KERNEL_PATHS
 # Host-side planning keys of a config: never passed to Triton.
 HOST_KEYS = ("max_splits", "min_split_blocks", "target_programs", "split_cost_blocks", "kernel")
 # The smallest BLOCK_H any config may use (tl.dot needs M >= 16); counters are sized for it.
