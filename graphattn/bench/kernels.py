@@ -179,9 +179,10 @@ def compile_report() -> list[str]:
     from graphattn.kernels import flashmla, mega, trtllm
 
     fns = [flashmla._flashmla_split_kernel, flashmla._flashmla_combine_kernel, trtllm._trtllm_kernel, mega._mega_kernel]
-    wgmma = sys.modules.get("graphattn.kernels.wgmma")  # imported once flashmla has run it
-    if wgmma is not None:
-        fns.append(wgmma._flashmla_wgmma_kernel)
+    for name in ("wgmma", "wgmma_fp8"):  # the Gluon kernels: imported once flashmla has run them
+        module = sys.modules.get(f"graphattn.kernels.{name}")
+        if module is not None:
+            fns.append(getattr(module, f"_flashmla_{name}_kernel"))
     lines = []
     for fn in fns:
         for cache in getattr(fn, "device_caches", {}).values():
