@@ -23,7 +23,7 @@ class FlashMLABackend(TritonBackend):
 
     name = "flashmla"
     supported_dtypes = (torch.bfloat16, torch.float16)
-    supported_kv_dtypes = (KV_AUTO, KV_FP8)  # FP8 tokens: Triton tiles (not yet the Gluon kernel)
+    supported_kv_dtypes = (KV_AUTO, KV_FP8)  # FP8 tokens: the Gluon kernel on sm_90, else Triton tiles
     kernel_spec = FLASHMLA
     graph_support = GraphSupport.FULL
     description = "FlashMLA-style: any heads (q unpadded), split-KV workspace + combine kernel"

@@ -112,8 +112,8 @@ _TILES = (
 # the 16-head tile faster (16 x 1: flashmla 14.5 -> 12.2 us, trtllm 46.7 -> 36.4, mega 284.9 ->
 # 212.7) and the 32-head tile slower (64 x 64: flashmla 261.1 -> 397.5, 128 x 512: 3677 ->
 # 5956), so only the 16-head tile changes: BLOCK_H -> num_warps for FP8. The tokens-major tile
-# spills ~570 B with FP8 and the Gluon kernel does not read FP8 yet, so FP8 runs these
-# heads-major tiles on every path.
+# spills ~570 B with FP8, so FP8 never takes it: trtllm and mega run these heads-major tiles, and
+# so does flashmla where the Gluon kernel's FP8 variant does not run (not sm_90, or unaligned).
 FP8_NUM_WARPS = {16: 8, 32: 4}
 _COMBINE = {"num_warps": 4, "num_stages": 1}
 # At 1-2 rows and rows x heads <= 128 flashmla's combine is a programmatic dependent launch (sm_90+): the
