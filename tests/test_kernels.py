@@ -319,9 +319,10 @@ def _use_sm90_settings(monkeypatch):
     return cuda_configs
 
 
-def test_sm90_flashmla_picks_wgmma_and_falls_back_for_unaligned_inputs(monkeypatch):
-    """With sm_90 settings flashmla runs the Gluon wgmma kernel where its 16-byte cp.async
-    copies are legal, and flashmla's Triton tiles for inputs they are not (odd strides)."""
+def test_sm90_flashmla_picks_gluon_and_falls_back_for_unaligned_inputs(monkeypatch):
+    """With sm_90 settings flashmla runs the warp-specialised Gluon kernel where its 16-byte
+    cp.async copies are legal (at 12 warps, so with a register cap at launch), and flashmla's
+    Triton tiles for inputs they are not (odd strides)."""
     from graphattn.kernels import flashmla
 
     cuda_configs = _use_sm90_settings(monkeypatch)
@@ -330,7 +331,8 @@ def test_sm90_flashmla_picks_wgmma_and_falls_back_for_unaligned_inputs(monkeypat
     q = torch.randn(4, 64, 576)
     kv = torch.randn(100, 576)
     kernel, cfg = flashmla._split_kernel(q, kv, 2048)
-    assert kernel.__name__ == "_flashmla_wgmma_kernel" and cfg["kernel"] == "wgmma", cfg
+    assert kernel.__name__ == "_flashmla_ws_kernel" and cfg["kernel"] == "wgmma_ws", cfg
+    assert cfg["num_warps"] == 4 and cfg["maxnreg"] * 12 * 32 <= 65536, cfg  # 3 warpgroups must fit
     assert cfg["split_cost_blocks"] > 0 and "IDX_AHEAD" not in cfg, cfg
     for name, (q_bad, kv_bad) in {
         "kv row stride 577": (q, torch.randn(100, 577)[:, :576]),
@@ -359,7 +361,7 @@ def test_sm90_wgmma_splits_fill_whole_waves(monkeypatch, rows, heads, topk, want
     if not cuda_configs.gluon_available():
         pytest.skip("this triton has no Gluon Hopper dialect")
     cfg = path_config("flashmla", rows, heads, topk)
-    assert cfg.get("kernel") == "wgmma", cfg
+    assert cfg.get("kernel") == "wgmma_ws", cfg
     got = choose_splits(rows, heads, topk, cfg)
     assert got == want, f"[flashmla wgmma rows={rows} heads={heads} topk={topk}] {got} splits, want {want}"
 

@@ -39,7 +39,7 @@ def test_every_kernel_compiles_ahead_of_time(target):
     if target == "sm90":  # flashmla's Gluon kernel: Hopper only, with a triton that has Gluon
         from graphattn.cuda.configs import gluon_available
 
-        expected |= {"flashmla_wgmma", "flashmla_wgmma_fp8"} if gluon_available() else set()
+        expected |= {"flashmla_wgmma_ws", "flashmla_wgmma_fp8"} if gluon_available() else set()
     assert compiled == expected, f"{target}: {compiled}"
     assert summary["failed"] == 0 and summary["compiled"] >= 4, summary
     # Every attention kernel also compiled reading 656-byte FP8 tokens, in the target's format.
@@ -48,7 +48,7 @@ def test_every_kernel_compiles_ahead_of_time(target):
     fp8 = {(r["kernel"], r["constexprs"]["KV_FP8"]) for r in records if r.get("ok") and r["constexprs"].get("KV_FP8")}
     code = 2 if target == "gfx942" else 1  # e4m3fnuz on gfx942, e4m3fn on sm_90 and gfx950
     assert fp8_code(target) == code
-    gluon_fp8 = {"flashmla_wgmma_fp8"} if "flashmla_wgmma" in expected else set()
+    gluon_fp8 = {"flashmla_wgmma_fp8"} & expected
     assert fp8 == {(k, code) for k in {"flashmla_split", "trtllm", "mega"} | gluon_fp8}, f"{target}: FP8 compiles {fp8}"
 
 

@@ -179,10 +179,9 @@ def compile_report() -> list[str]:
     from graphattn.kernels import flashmla, mega, trtllm
 
     fns = [flashmla._flashmla_split_kernel, flashmla._flashmla_combine_kernel, trtllm._trtllm_kernel, mega._mega_kernel]
-    for name in ("wgmma", "wgmma_fp8"):  # the Gluon kernels: imported once flashmla has run them
-        module = sys.modules.get(f"graphattn.kernels.{name}")
-        if module is not None:
-            fns.append(getattr(module, f"_flashmla_{name}_kernel"))
+    for module, fn in flashmla.GLUON_KERNELS.values():  # imported once flashmla has run them
+        if f"graphattn.kernels.{module}" in sys.modules:
+            fns.append(getattr(sys.modules[f"graphattn.kernels.{module}"], fn))
     lines = []
     for fn in fns:
         for cache in getattr(fn, "device_caches", {}).values():

@@ -44,12 +44,22 @@ KV_MAJOR_MAX_ROW_HEADS = 128
 # heads x 2-4 rows and 32 x 2 also take this tile (not yet measured against wgmma there).
 KV_MAJOR_MAX_ROW_HEADS_WITH_WGMMA = 64
 _KV_MAJOR_TILE = {"BLOCK_H": 16, "BLOCK_N": 64, "IDX_AHEAD": 0, "KV_MAJOR": 1, "num_warps": 4, "num_stages": 2}
-# Everywhere else flashmla runs the hand-scheduled Gluon kernel (graphattn.kernels.wgmma): 64
-# heads per program, two warpgroups of wgmma, a 2-slot cp.async ring of 64-token KV tiles
-# (225 KB of shared memory: one program per SM). "kernel" is a host key: it picks the function.
-# Measured against 32-token tiles with 3 or 4 slots (188 / 225 KB): 64 x 64 rows 90.2 us vs
-# 114.0 / 115.4, 128 x 512 866.5 vs 1128.9 / 1134.3, 64 x 8 21.0 vs 24.8 (4 slots).
-_WGMMA_TILE = {"kernel": "wgmma", "BLOCK_H": 64, "BLOCK_N": 64, "STAGES": 2, "num_warps": 8, "num_stages": 1}
+# Everywhere else flashmla runs a hand-scheduled Gluon kernel: 64 heads per program, a 2-slot
+# ring of 64-token KV tiles (q and the ring fill the shared memory: one program per SM). "kernel"
+# is a host key: it names the function (graphattn.kernels.flashmla.GLUON_KERNELS).
+# bf16/fp16 kv: the warp-specialised kernel (graphattn.kernels.wgmma_ws: a producer warpgroup
+# gathers, two consumer warpgroups take turns at the scores; 12 warps, so maxnreg 168 at launch
+# and setmaxnreg inside). Kernel tables before/after (us, docs/benchmarks.md): 128 x 512 rows
+# 862.5 -> 623.3, 128 x 64 x topk 8192 407.1 -> 285.7, 64 x 64 67.1 -> 57.7, 16 x 512 415.1 ->
+# 317.2, 128 x 8 26.3 -> 23.1, 1-2 rows within 0.2. Its predecessor (graphattn.kernels.wgmma,
+# "kernel": "wgmma": 8 warps that gather and compute in turn) stays for A/B runs
+# (scripts/ab_flashmla_kernels.py); it measured against 32-token tiles with 3 or 4 slots
+# (188 / 225 KB): 64 x 64 rows 90.2 us vs 114.0 / 115.4, 128 x 512 866.5 vs 1128.9 / 1134.3.
+_WGMMA_TILE = {"kernel": "wgmma_ws", "BLOCK_H": 64, "BLOCK_N": 64, "STAGES": 2, "num_warps": 4,
+               "num_stages": 1, "maxnreg": 168}
+# 656-byte FP8 kv: the Gluon kernel that reads them (graphattn.kernels.wgmma_fp8, 8 warps).
+_WGMMA_FP8_TILE = {"kernel": "wgmma_fp8", "BLOCK_H": 64, "BLOCK_N": 64, "STAGES": 2, "num_warps": 8,
+                   "num_stages": 1}
 # Its splits fill whole waves of 132 programs (graphattn.kernels.plan.choose_splits), a split
 # costing about two 64-token tiles of fixed work (q is 72 KB, the f32 partial 128 KB); that
 # rule, not PARTIAL_BYTES_PER_ROW, keeps 8 rows x topk 32768 in one wave, so up to 32 splits
@@ -88,7 +98,7 @@ def _split_host(path: str, heads: int, rows: int, tiles: dict[str, Any]) -> dict
     if path.startswith("flashmla"):
         if tiles.get("KV_MAJOR"):  # 168 KB of smem per program: one per SM
             return {"max_splits": FLASHMLA_MAX_SPLITS, "min_split_blocks": 1, "target_programs": SM90_SMS}
-        if tiles.get("kernel") == "wgmma":  # one program per SM: whole waves
+        if "kernel" in tiles:  # a Gluon kernel, one program per SM: whole waves
             return {"max_splits": FLASHMLA_MAX_SPLITS, "min_split_blocks": 1, "target_programs": SM90_SMS,
                     "split_cost_blocks": WGMMA_SPLIT_COST_BLOCKS}
         cap = max(1, min(FLASHMLA_MAX_SPLITS, PARTIAL_BYTES_PER_ROW // (heads * 512 * 4)))
@@ -154,7 +164,7 @@ def kernel_config(path: str, rows: int = 1, heads: int = 64, topk: int = 2048,
         cfg = _tiles(heads, kv_fp8)
     else:
         if kv_fp8 and _wgmma(path, capability):  # the Gluon kernel's FP8 variant, at every size
-            tiles = dict(_WGMMA_TILE)
+            tiles = dict(_WGMMA_FP8_TILE)
         elif kv_fp8:  # never the tokens-major tile (it spills; see FP8_NUM_WARPS)
             tiles = _tiles(heads, kv_fp8)
         elif _kv_major(path, rows, heads, capability):
@@ -175,7 +185,7 @@ def all_configs(path: str, kv_fp8: bool = False) -> list[dict[str, Any]]:
         return [dict(_COMBINE), dict(_COMBINE_PDL)]
     if kv_fp8:
         fp8 = [_tiles(max_heads, kv_fp8) for max_heads, _ in _TILES]
-        return fp8 + ([dict(_WGMMA_TILE)] if path == "flashmla" and gluon_available() else [])
+        return fp8 + ([dict(_WGMMA_FP8_TILE)] if path == "flashmla" and gluon_available() else [])
     tiles = [_tiles(max_heads) for max_heads, _ in _TILES]
     if not path.startswith("flashmla"):
         return tiles

@@ -33,16 +33,17 @@ from .plan import LOOP_DEFAULTS, launch_parts
 
 TARGETS = {"sm90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64), "gfx950": ("hip", "gfx950", 64)}
 # kernel name -> (module, function, config path); a config runs the Triton function of its path
-# unless its "kernel" key names another (the Gluon "wgmma" kernel, sm_90 only).
+# unless its "kernel" key names another (the Gluon kernels, sm_90 only).
 KERNELS = {
     "flashmla_split": ("graphattn.kernels.flashmla", "_flashmla_split_kernel", "flashmla"),
-    "flashmla_wgmma": ("graphattn.kernels.wgmma", "_flashmla_wgmma_kernel", "flashmla"),
+    "flashmla_wgmma_ws": ("graphattn.kernels.wgmma_ws", "_flashmla_ws_kernel", "flashmla"),
     "flashmla_wgmma_fp8": ("graphattn.kernels.wgmma_fp8", "_flashmla_wgmma_fp8_kernel", "flashmla"),
     "flashmla_combine": ("graphattn.kernels.flashmla", "_flashmla_combine_kernel", "flashmla_combine"),
     "trtllm": ("graphattn.kernels.trtllm", "_trtllm_kernel", "trtllm"),
     "mega": ("graphattn.kernels.mega", "_mega_kernel", "mega"),
 }
-_KERNEL_KEY = {"flashmla_wgmma": "wgmma", "flashmla_wgmma_fp8": "wgmma"}  # the "kernel" value each non-Triton kernel runs
+# the "kernel" value of the configs each non-Triton kernel runs
+_KERNEL_KEY = {"flashmla_wgmma_ws": "wgmma_ws", "flashmla_wgmma_fp8": "wgmma_fp8"}
 _FP8_ONLY = ("flashmla_wgmma_fp8",)  # kernels that read only 656-byte FP8 tokens
 _F32_PTRS = ("ws_out_ptr", "ws_lse_ptr", "lse_ptr")
 _I32_PTRS = ("idx_ptr", "counter_ptr")
@@ -92,8 +93,10 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
     out, seen = [], set()
     for target in targets:
         for kernel, (_, _, path) in KERNELS.items():
-            configs = [c for c in _configs(path, target) if c.get("kernel") == _KERNEL_KEY.get(kernel)]
-            if not configs:
+            key = _KERNEL_KEY.get(kernel)
+            configs = [c for c in _configs(path, target) if c.get("kernel") == key]
+            fp8_configs = [c for c in _configs(path, target, kv_fp8=True) if c.get("kernel") == key]
+            if not configs and not fp8_configs:
                 continue
             names = _arg_names(kernel)
             fp8 = {"KV_FP8": fp8_code(target)} if "KV_FP8" in names else None
@@ -101,7 +104,6 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
             # it gives 656-byte FP8 tokens, each compiled with its KV_FP8 code.
             settings = [] if kernel in _FP8_ONLY else [(i, cfg, {}) for i, cfg in enumerate(configs)]
             if fp8:
-                fp8_configs = [c for c in _configs(path, target, kv_fp8=True) if c.get("kernel") == _KERNEL_KEY.get(kernel)]
                 settings += [(i, cfg, fp8) for i, cfg in enumerate(fp8_configs)]
             for i, cfg, kv in settings:
                 meta, opts = launch_parts(cfg)

@@ -15,6 +15,7 @@ outputs, and the workspace holds ``H`` heads per partial.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable
 
 import torch
@@ -84,6 +85,15 @@ def _flashmla_combine_kernel(
     tl.store(lse_ptr + row * H + h, lse)
 
 
+# The Gluon kernels (sm_90) a launch config's "kernel" key names: key -> (module, function),
+# imported only where the platform picks one.
+GLUON_KERNELS = {
+    "wgmma_ws": ("wgmma_ws", "_flashmla_ws_kernel"),  # warp-specialised: what sm_90 runs for bf16/fp16 kv
+    "wgmma": ("wgmma", "_flashmla_wgmma_kernel"),  # its predecessor, for measurements (an override)
+    "wgmma_fp8": ("wgmma_fp8", "_flashmla_wgmma_fp8_kernel"),  # 656-byte FP8 kv
+}
+
+
 def _split_kernel(q, kv, topk):
     """``(kernel, cfg)`` of the first launch (see :func:`_select`)."""
     return _select(q.shape[0], q.shape[1], topk, aligned_16(q, kv), is_fp8_kv(kv))[:2]
@@ -95,34 +105,30 @@ def _select(rows: int, heads: int, topk: int, aligned: bool,
     heads-major Triton tiles (``flashmla_triton``) where it chose a kernel that needs 16-byte
     aligned rows and the inputs are not aligned.
 
-    Two kernels need them: the Gluon wgmma kernel (its 16-byte ``cp.async`` copies do not
+    Two kinds need them: the Gluon kernels (their 16-byte ``cp.async`` copies do not
     compile otherwise) and the tokens-major tile (``KV_MAJOR``), which triton 3.6 compiles for
     an unaligned kv into ``wgmma`` operand reads past its shared-memory tile: compute-sanitizer
     reports invalid ``__shared__`` reads, and the result is an illegal access or garbage (issue
     10: 48 heads x 2 rows with a kv row stride of 600). The heads-major tiles are correct for
     any stride.
 
-    ``kv_fp8`` (656-byte FP8 tokens): where the platform chose the Gluon kernel, its FP8
-    variant (``graphattn.kernels.wgmma_fp8``) runs.
+    The config's ``"kernel"`` key names the Gluon kernel (:data:`GLUON_KERNELS`); for 656-byte
+    FP8 tokens sm_90's table names the FP8 one (``graphattn.kernels.wgmma_fp8``).
     """
     cfg = path_config(PATH, rows, heads, topk, platform, kv_fp8)
-    wgmma = cfg.get("kernel") == "wgmma"
-    if (wgmma or cfg.get("KV_MAJOR")) and not aligned:
+    gluon = cfg.get("kernel") in GLUON_KERNELS
+    if (gluon or cfg.get("KV_MAJOR")) and not aligned:
         return (_flashmla_split_kernel, path_config(PATH + "_triton", rows, heads, topk, platform, kv_fp8),
                 "triton")
-    if not wgmma:
+    if not gluon:
         return _flashmla_split_kernel, cfg, "triton_kv_major" if cfg.get("KV_MAJOR") else "triton"
-    if kv_fp8:
-        from .wgmma_fp8 import _flashmla_wgmma_fp8_kernel  # Gluon, as below
-
-        return _flashmla_wgmma_fp8_kernel, cfg, "wgmma_fp8"
-    from .wgmma import _flashmla_wgmma_kernel  # Gluon: imported only where the platform picks it
-
-    return _flashmla_wgmma_kernel, cfg, "wgmma"
+    module, fn = GLUON_KERNELS[cfg["kernel"]]
+    return getattr(importlib.import_module(f"{__package__}.{module}"), fn), cfg, cfg["kernel"]
 
 
 def kernel_name(q: torch.Tensor, kv: torch.Tensor, topk: int) -> str:
-    """The split kernel a launch over ``q`` and ``kv`` runs: ``"wgmma"`` / ``"wgmma_fp8"`` (Gluon, sm_90),
+    """The split kernel a launch over ``q`` and ``kv`` runs: a key of :data:`GLUON_KERNELS`
+    (Gluon, sm_90: ``"wgmma_ws"``, ``"wgmma_fp8"``),
     ``"triton_kv_major"`` (the tokens-major Triton tile) or ``"triton"`` (the heads-major tiles)."""
     return _select(q.shape[0], q.shape[1], topk, aligned_16(q, kv), is_fp8_kv(kv))[2]
 

@@ -4,7 +4,7 @@ A launch config (from ``platform.kernel_config(path, rows=, heads=, topk=)``) is
 dict: upper-case keys are kernel constexprs (``BLOCK_H``, ``BLOCK_N``), lower-case keys are
 Triton launch options (``num_warps``, ``num_stages``, and on AMD ``waves_per_eu``,
 ``matrix_instr_nonkdim``, ``kpack``), and the host-only keys in :data:`HOST_KEYS` steer the
-split choice (and ``kernel`` names the function: ``"wgmma"`` for flashmla's Gluon kernel on
+split choice (and ``kernel`` names the function: one of flashmla's Gluon kernels on
 sm_90, absent for the Triton kernels) and never reach Triton.
 
 Every function takes an optional ``platform`` (a backend passes its own, so a backend built
@@ -90,7 +90,7 @@ def path_config(path: str, rows: int, heads: int, topk: int, platform: Platform 
     missing = [k for k in ("BLOCK_H", "BLOCK_N", "num_warps") if k not in cfg]
     assert not missing, f"kernel_config({path!r}) lacks {missing}: {cfg}"
     assert cfg["BLOCK_H"] >= MIN_BLOCK_H, f"BLOCK_H below {MIN_BLOCK_H} in {cfg}"
-    return cfg if cfg.get("kernel") == "wgmma" else {**LOOP_DEFAULTS, **cfg}
+    return cfg if "kernel" in cfg else {**LOOP_DEFAULTS, **cfg}  # a Gluon kernel: no loop constexprs
 
 
 def kv_fp8_constexpr(platform: Any, kv_fp8: bool) -> int:

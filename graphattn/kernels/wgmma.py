@@ -49,6 +49,20 @@ def _launch_dependents():
 
 
 @gluon.jit
+def _program_split(H, topk, split_len, num_splits, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr):
+    """This program's place in the grid ``rows x splits x cdiv(H, BLOCK_H)``: ``(head block,
+    split, row, first index, end index, KV tiles)`` of its slice of the row's top-k."""
+    pid = gl.program_id(0)
+    head_blocks = gl.cdiv(H, BLOCK_H)
+    hb = pid % head_blocks
+    split = (pid // head_blocks) % num_splits
+    row = pid // (head_blocks * num_splits)
+    start = split * split_len
+    end = gl.minimum(start + split_len, topk)
+    return hb, split, row, start, end, gl.cdiv(end - start, BLOCK_N)
+
+
+@gluon.jit
 def _load_indices(idx_row_ptr, n0, end, BLOCK_N: gl.constexpr, layout: gl.constexpr):
     """Indices ``[n0, n0 + BLOCK_N)`` of a row in ``layout`` (−1 past ``end``)."""
     cols = n0 + gl.arange(0, BLOCK_N, layout=layout)
@@ -56,11 +70,12 @@ def _load_indices(idx_row_ptr, n0, end, BLOCK_N: gl.constexpr, layout: gl.conste
 
 
 @gluon.jit
-def _issue_gather(kv_ptr, stride_kv, pool, idx_n, idx_r, kn_slot, kr_slot,
-                  D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-                  gather_n: gl.constexpr, gather_r: gl.constexpr):
-    """cp.async the KV rows ``idx`` into one ring slot (nope ``[BLOCK_N, 512]``, rope ``[BLOCK_N, 64]``)
-    and commit them as one group. ``idx_n``/``idx_r`` are the same indices in the two gather layouts."""
+def _gather_tile(kv_ptr, stride_kv, pool, idx_n, idx_r, kn_slot, kr_slot,
+                 D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
+                 gather_n: gl.constexpr, gather_r: gl.constexpr):
+    """cp.async the KV rows ``idx`` into one ring slot (nope ``[BLOCK_N, 512]``, rope
+    ``[BLOCK_N, 64]``; ``idx_n``/``idx_r``: the same indices in the two gather layouts). An index
+    outside ``[0, pool)`` reads nothing and writes zeros."""
     valid_n = (idx_n >= 0) & (idx_n < pool)
     rows_n = gl.where(valid_n, idx_n, 0).to(gl.int64) * stride_kv
     cols_n = gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, gather_n))
@@ -69,6 +84,14 @@ def _issue_gather(kv_ptr, stride_kv, pool, idx_n, idx_r, kn_slot, kr_slot,
     rows_r = gl.where(valid_r, idx_r, 0).to(gl.int64) * stride_kv
     cols_r = D_NOPE + gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, gather_r))
     _async_load(kr_slot, kv_ptr + rows_r[:, None] + cols_r[None, :], mask=valid_r[:, None])
+
+
+@gluon.jit
+def _issue_gather(kv_ptr, stride_kv, pool, idx_n, idx_r, kn_slot, kr_slot,
+                  D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
+                  gather_n: gl.constexpr, gather_r: gl.constexpr):
+    """:func:`_gather_tile`, committed as one copy group."""
+    _gather_tile(kv_ptr, stride_kv, pool, idx_n, idx_r, kn_slot, kr_slot, D_NOPE, D_ROPE, gather_n, gather_r)
     _async_copy.commit_group()
 
 
@@ -106,14 +129,7 @@ def _flashmla_wgmma_kernel(
 
     if LAUNCH_DEPENDENTS:  # the combine (a programmatic dependent launch) may start its programs
         _launch_dependents()
-    pid = gl.program_id(0)
-    head_blocks = gl.cdiv(H, BLOCK_H)
-    hb = pid % head_blocks
-    split = (pid // head_blocks) % num_splits
-    row = pid // (head_blocks * num_splits)
-    start = split * split_len
-    end = gl.minimum(start + split_len, topk)
-    n_tiles = gl.cdiv(end - start, BLOCK_N)
+    hb, split, row, start, end, n_tiles = _program_split(H, topk, split_len, num_splits, BLOCK_H, BLOCK_N)
     idx_row_ptr = idx_ptr + row.to(gl.int64) * stride_ir
 
     q_nope = gl.allocate_shared_memory(dtype, [BLOCK_H, D_NOPE], smem_layout)

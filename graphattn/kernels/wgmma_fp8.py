@@ -34,7 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..common.kv_layout import ROPE_OFFSET, SCALE_OFFSET, TILE
-from .wgmma import _async_load, _cta_barrier, _launch_dependents, _load_indices
+from .wgmma import _async_load, _cta_barrier, _launch_dependents, _load_indices, _program_split
 
 # The token layout (graphattn.common.kv_layout), as kernel constants.
 FP8_SCALE_OFFSET = gl.constexpr(SCALE_OFFSET)  # bytes: the 4 float32 scales after the 512 FP8 values
@@ -172,14 +172,7 @@ def _flashmla_wgmma_fp8_kernel(
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-    pid = gl.program_id(0)
-    head_blocks = gl.cdiv(H, BLOCK_H)
-    hb = pid % head_blocks
-    split = (pid // head_blocks) % num_splits
-    row = pid // (head_blocks * num_splits)
-    start = split * split_len
-    end = gl.minimum(start + split_len, topk)
-    n_tiles = gl.cdiv(end - start, BLOCK_N)
+    hb, split, row, start, end, n_tiles = _program_split(H, topk, split_len, num_splits, BLOCK_H, BLOCK_N)
     idx_row_ptr = idx_ptr + row.to(gl.int64) * stride_ir
 
     q_nope = gl.allocate_shared_memory(dtype, [BLOCK_H, D_NOPE], smem16)

@@ -1,0 +1,329 @@
+"""flashmla's warp-specialised split kernel for sm_90 (Hopper), in Gluon: a producer warpgroup
+gathers KV tiles while two consumer warpgroups take turns computing the scores.
+
+One program per (row, split, 64-head block), three warpgroups (launch ``num_warps=4`` and
+``maxnreg=168``; ``gl.warp_specialize`` runs the producer in the default partition and the two
+consumers as workers, registers moved to them with ``setmaxnreg``: 232 each, 40 for the producer):
+
+* **producer**: loads q once, then gathers 64-token KV tiles with 16-byte ``cp.async`` copies
+  into two shared-memory slots; each thread's copies complete on the slot's ``ready`` mbarrier
+  (``cp.async.mbarrier.arrive.noinc``), so no consumer issues copies or waits on copy groups.
+  A slot takes the tile two ahead once both consumers released it (``free``, two arrivals).
+* **consumers**: consumer ``w`` owns the tiles ``t`` with ``t % 2 == w``. For its own tile it
+  computes the whole score tile ``S = q K^T`` (``[64, 64]``, q resident in shared memory), the
+  online softmax (row max and sum within the warpgroup: no cross-warpgroup reduction), writes
+  ``P`` (bf16/fp16) over the tile's rope columns (free once its scores are done) and publishes
+  the new row max; then adds ``P V`` for its half of the 512 output columns. For the other's
+  tile it waits for that ``P`` and max, rescales its half of the output and adds ``P V`` for it.
+  Each KV tile is gathered once per 64 heads and its scores computed once; the row sum is split
+  between the consumers (each sums its own tiles' ``P``) and added at the end.
+
+Order per consumer (iteration: the other's tile ``t - 1``, then mine, ``t``): wait for the
+other's ``P`` -> its ``P V`` -> release that tile -> wait for tile ``t`` -> scores -> softmax ->
+publish ``P`` -> my ``P V`` -> release tile ``t``. A tile is released right after its last
+product, so its slot's next gather overlaps the following tile's scores, softmax and products
+(issuing the scores before releasing measured 1.2x slower: docs/benchmarks.md). Every mbarrier
+wait depends only on work issued earlier by the other partitions: no cycle.
+
+Outputs and conventions are those of ``_flashmla_split_kernel`` (graphattn.kernels.flashmla): a
+normalised partial (or the final ``out``/``lse`` with ``DIRECT``), scores in base 2, an index
+outside ``[0, pool)`` never read, heads ``>= H`` of the last head block masked (zeros in, never
+stored). bf16/fp16 q and kv with 16-byte aligned rows.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as _async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from .wgmma import _async_load, _cta_barrier, _gather_tile, _launch_dependents, _load_indices, _program_split
+
+# Registers per thread of each consumer (setmaxnreg). The launch caps every thread at 168
+# (``maxnreg`` in graphattn.cuda.configs: 12 warps x 32 x 168 <= 65536); the default partition
+# (the producer) keeps what is left, 3 * 168 - 2 * 232 = 40. With these and q's wgmma
+# descriptors built inside the loop (see _issue_scores), ptxas (triton 3.6) reports no spills;
+# 224/56 spilled in the consumers, and the producer's [64, 512] gather needs rows spread over
+# lanes (threads_per_warp [2, 16]) to fit in 40.
+CONSUMER_REGS = gl.constexpr(232)
+
+
+@gluon.jit
+def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+              H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+              stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+              BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
+              DIRECT: gl.constexpr):
+    """Default partition (4 warps): q once, then every KV tile of the split into its slot."""
+    q_nope, q_rope, k_nope, k_rope, stat_m, stat_l = smem
+    q_ready, kv_ready, kv_free, p_ready, l_ready = bars
+    gather_n: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4, 1], order=[1, 0])
+    gather_r: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0])
+    idx_row_ptr = idx_ptr + row.to(gl.int64) * stride_ir
+
+    # q of this row and head block (heads >= H masked: zeros, nothing read).
+    q_base = q_ptr + row.to(gl.int64) * stride_qr
+    h_n = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, gather_n))
+    h_r = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, gather_r))
+    _async_load(q_nope.index(0), q_base + h_n[:, None] * stride_qh
+                + gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, gather_n))[None, :],
+                mask=(h_n < H)[:, None])
+    _async_load(q_rope.index(0), q_base + h_r[:, None] * stride_qh
+                + D_NOPE + gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, gather_r))[None, :],
+                mask=(h_r < H)[:, None])
+    _async_copy.mbarrier_arrive(q_ready, increment_count=False)
+
+    idx_n = _load_indices(idx_row_ptr, start, end, BLOCK_N, gl.SliceLayout(1, gather_n))
+    idx_r = _load_indices(idx_row_ptr, start, end, BLOCK_N, gl.SliceLayout(1, gather_r))
+    for j in range(0, n_tiles):
+        slot = j % 2
+        # Slot free: both consumers are done with tile j - 2 (a fresh barrier passes phase 1).
+        mbarrier.wait(kv_free.index(slot), ((j // 2) & 1) ^ 1)
+        _gather_tile(kv_ptr, stride_kv, pool, idx_n, idx_r, k_nope.index(slot), k_rope.index(slot),
+                     D_NOPE, D_ROPE, gather_n, gather_r)
+        _async_copy.mbarrier_arrive(kv_ready.index(slot), increment_count=False)
+        n_next = start + (j + 1) * BLOCK_N
+        idx_n = _load_indices(idx_row_ptr, n_next, end, BLOCK_N, gl.SliceLayout(1, gather_n))
+        idx_r = _load_indices(idx_row_ptr, n_next, end, BLOCK_N, gl.SliceLayout(1, gather_r))
+
+
+@gluon.jit
+def _issue_scores(q_nope, q_rope, k_nope, k_rope, kv_ready, t, q0, s_layout: gl.constexpr,
+                  BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Wait until tile ``t`` has landed, then issue ``S = q K^T`` for it (async wgmma: two
+    groups). ``q0``: 0, computed at run time (see below)."""
+    slot = t % 2
+    mbarrier.wait(kv_ready.index(slot), (t // 2) & 1)
+    fence_async_shared()  # the gathered bytes (generic proxy) before wgmma reads them (async proxy)
+    # q's wgmma descriptors from an index that is 0 but not known to be: hoisted out of the
+    # loop, the 72 64-bit descriptors would hold ~144 registers across it (and spill).
+    s = warpgroup_mma(q_nope.index(q0), k_nope.index(slot).permute((1, 0)),
+                      gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout), use_acc=False, is_async=True)
+    return warpgroup_mma(q_rope.index(q0), k_rope.index(slot).permute((1, 0)), s, is_async=True)
+
+
+@gluon.jit
+def _to_max(m, l, acc, m_t, row_o: gl.constexpr):
+    """Rescale the running sum ``l`` and output ``acc`` from row max ``m`` to ``m_t >= m``."""
+    # While a row has seen nothing valid the max is -inf; subtract 0 instead (no inf - inf).
+    alpha = gl.exp2(m - gl.where(m_t == float("-inf"), 0.0, m_t))
+    return m_t, l * alpha, acc * gl.convert_layout(alpha, row_o)[:, None]
+
+
+@gluon.jit
+def _own_tile(s, idx_s, t, m, l, acc, k_nope, k_rope, stat_m, p_ready, kv_free, pool, qk_scale,
+              row_o: gl.constexpr, HALF: gl.constexpr, WG: gl.constexpr):
+    """My tile ``t`` with its scores ``s`` computed (``idx_s``: its indices): softmax, hand P and
+    the new max to the other consumer, add my half of ``P V``, release the tile. Returns
+    ``(m, l, acc)``."""
+    slot = t % 2
+    valid = (idx_s >= 0) & (idx_s < pool)
+    s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+    m_new = gl.maximum(m, gl.max(s, axis=1))
+    p = gl.exp2(s - gl.where(m_new == float("-inf"), 0.0, m_new)[:, None])
+    # P goes where this tile's rope columns were (its scores are done with them); both halves
+    # of P V read it from there.
+    k_rope.index(slot).store(p.to(k_rope.dtype))
+    stat_m.index(WG).store(m_new)
+    fence_async_shared()  # P (generic stores) before the wgmma reads it (async proxy)
+    _cta_barrier()  # every thread of this warpgroup stored before the one arrive
+    mbarrier.arrive(p_ready.index(slot))
+    m, l, acc = _to_max(m, l, acc, m_new, row_o)
+    l = l + gl.sum(p, axis=1)
+    acc = warpgroup_mma(k_rope.index(slot), k_nope.index(slot).slice(WG * HALF, HALF, dim=1), acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    mbarrier.arrive(kv_free.index(slot))
+    return m, l, acc
+
+
+@gluon.jit
+def _other_tile(o, m, l, acc, k_nope, k_rope, stat_m, p_ready, row_s: gl.constexpr, row_o: gl.constexpr,
+                HALF: gl.constexpr, WG: gl.constexpr):
+    """The other consumer's tile ``o``: wait for its P and max, rescale to that max and issue my
+    half of ``P V`` (async: the caller waits and releases the tile). Returns ``(m, l, acc)``."""
+    mbarrier.wait(p_ready.index(o % 2), (o // 2) & 1)
+    m, l, acc = _to_max(m, l, acc, stat_m.index(1 - WG).load(row_s), row_o)
+    acc = warpgroup_mma(k_rope.index(o % 2), k_nope.index(o % 2).slice(WG * HALF, HALF, dim=1), acc,
+                        is_async=True)
+    return m, l, acc
+
+
+@gluon.jit
+def _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+              H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+              stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+              BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
+              DIRECT: gl.constexpr, WG: gl.constexpr):
+    """Consumer warpgroup ``WG`` (0 or 1): scores and softmax of tiles ``t % 2 == WG``, output
+    columns ``[WG * 256, WG * 256 + 256)`` of every tile."""
+    q_nope, q_rope, k_nope, k_rope, stat_m, stat_l = smem
+    q_ready, kv_ready, kv_free, p_ready, l_ready = bars
+    HALF: gl.constexpr = D_NOPE // 2
+    OTHER: gl.constexpr = 1 - WG
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 16])
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    idx_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    idx_row_ptr = idx_ptr + row.to(gl.int64) * stride_ir
+
+    mbarrier.wait(q_ready, 0)
+    m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_s)
+    l = gl.full([BLOCK_H], 0.0, gl.float32, layout=row_s)
+    acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout)
+    # Consumer 0 starts with its tile 0; then each iteration takes the other's tile t - 1 and my
+    # tile t; a last tile of the other's comes after. Every wgmma is waited in the step that
+    # issues it, so only plain tensors cross the loop.
+    if WG == 0:
+        if n_tiles > 0:
+            idx_s = _load_indices(idx_row_ptr, start, end, BLOCK_N, idx_layout)
+            s = _issue_scores(q_nope, q_rope, k_nope, k_rope, kv_ready, 0, (n_tiles < 0).to(gl.int32), s_layout,
+                              BLOCK_H, BLOCK_N)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            m, l, acc = _own_tile(s, idx_s, 0, m, l, acc, k_nope, k_rope, stat_m, p_ready, kv_free, pool,
+                                  qk_scale, row_o, HALF, WG)
+    for t in range(2 - WG, n_tiles, 2):
+        # My tile's indices load while I wait for the other's P (off the softmax's path).
+        idx_s = _load_indices(idx_row_ptr, start + t * BLOCK_N, end, BLOCK_N, idx_layout)
+        m, l, acc = _other_tile(t - 1, m, l, acc, k_nope, k_rope, stat_m, p_ready, row_s, row_o, HALF, WG)
+        # Release the other's tile before my scores wait for the slot the producer refills
+        # (issuing them first, right behind the other's P V, measured 1.2x slower: with two
+        # slots that gather then starts a tile later).
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(kv_free.index((t - 1) % 2))
+        s = _issue_scores(q_nope, q_rope, k_nope, k_rope, kv_ready, t, (t + n_tiles < 0).to(gl.int32), s_layout,
+                          BLOCK_H, BLOCK_N)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        m, l, acc = _own_tile(s, idx_s, t, m, l, acc, k_nope, k_rope, stat_m, p_ready, kv_free, pool, qk_scale,
+                              row_o, HALF, WG)
+    if (n_tiles > 0) & ((n_tiles - 1) % 2 != WG):
+        m, l, acc = _other_tile(n_tiles - 1, m, l, acc, k_nope, k_rope, stat_m, p_ready, row_s, row_o, HALF, WG)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(kv_free.index((n_tiles - 1) % 2))
+
+    # The row sum is split between the two consumers (each summed its own tiles' P): add them.
+    stat_l.index(WG).store(l)
+    _cta_barrier()
+    mbarrier.arrive(l_ready.index(WG))
+    mbarrier.wait(l_ready.index(OTHER), 0)
+    l = l + stat_l.index(OTHER).load(row_s)
+
+    empty = l == 0.0
+    lse = gl.where(empty, float("-inf"), (m + gl.log2(gl.where(empty, 1.0, l))) * 0.6931471805599453)
+    out = acc / gl.convert_layout(gl.where(empty, 1.0, l), row_o)[:, None]
+    h_o = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_o)
+    d_o = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
+    h_s = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_s)
+    o_mask = (h_o < H)[:, None]  # heads >= H exist only in this program: never stored
+    if DIRECT:
+        rh = row.to(gl.int64) * H + h_o
+        gl.store(out_ptr + rh[:, None] * D_NOPE + d_o[None, :], out.to(out_ptr.dtype.element_ty), mask=o_mask)
+        if WG == 0:
+            gl.store(lse_ptr + row.to(gl.int64) * H + h_s, lse, mask=h_s < H)
+    else:
+        w_base = ws_out_ptr + row.to(gl.int64) * stride_wr + split * stride_ws
+        gl.store(w_base + h_o[:, None] * stride_wh + d_o[None, :], out, mask=o_mask)
+        if WG == 0:
+            gl.store(ws_lse_ptr + row.to(gl.int64) * stride_lr + split * stride_ls + h_s, lse, mask=h_s < H)
+
+
+@gluon.jit
+def _consumer0(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+               H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+               stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
+               DIRECT: gl.constexpr):
+    """Worker partition: consumer warpgroup 0 (worker partitions take the producer's arguments).
+    Two functions, not one called twice: with one, ptxas added a wgmma fence in both copies."""
+    _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+              H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+              stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+              BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 0)
+
+
+@gluon.jit
+def _consumer1(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+               H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+               stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
+               DIRECT: gl.constexpr):
+    """Worker partition: consumer warpgroup 1."""
+    _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+              H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+              stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+              BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 1)
+
+
+@gluon.jit
+def _flashmla_ws_kernel(
+    q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+    H, pool, topk, split_len, num_splits, qk_scale,
+    stride_qr, stride_qh, stride_kv, stride_ir,
+    stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+    BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
+    STAGES: gl.constexpr, DIRECT: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr = 0,
+):
+    """Arguments, grid and outputs as ``_flashmla_split_kernel`` (graphattn.kernels.flashmla);
+    launch with ``num_warps=4`` and ``maxnreg=168`` (12 warps run: producer, two consumers)."""
+    gl.static_assert(BLOCK_H == 64, "one wgmma M tile of heads per program")
+    gl.static_assert(BLOCK_N == 64, "P [64 heads, BLOCK_N] reuses a tile's [BLOCK_N, 64] rope columns")
+    gl.static_assert(D_ROPE == BLOCK_N, "P [64 heads, BLOCK_N] reuses a tile's [BLOCK_N, 64] rope columns")
+    gl.static_assert(STAGES == 2, "two KV slots (with q they fill the shared memory)")
+    gl.static_assert(gl.num_warps() == 4, "the default partition is one consumer warpgroup")
+    dtype: gl.constexpr = kv_ptr.dtype.element_ty
+
+    if LAUNCH_DEPENDENTS:  # the combine (a programmatic dependent launch) may start its programs
+        _launch_dependents()
+    hb, split, row, start, end, n_tiles = _program_split(H, topk, split_len, num_splits, BLOCK_H, BLOCK_N)
+
+    smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    # [2, N] buffers indexed by consumer: the layout describes one row (triton 3.6 keeps the
+    # parent's layout for the row a `.index` takes).
+    stat_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    q_nope = gl.allocate_shared_memory(dtype, [1, BLOCK_H, D_NOPE], smem_layout)
+    q_rope = gl.allocate_shared_memory(dtype, [1, BLOCK_H, D_ROPE], smem_layout)
+    k_nope = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_NOPE], smem_layout)
+    k_rope = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_ROPE], smem_layout)
+    stat_m = gl.allocate_shared_memory(gl.float32, [2, BLOCK_H], stat_layout)
+    stat_l = gl.allocate_shared_memory(gl.float32, [2, BLOCK_H], stat_layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    l_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=128)  # one cp.async arrival per producer thread
+    for i in gl.static_range(STAGES):
+        mbarrier.init(kv_ready.index(i), count=128)
+        mbarrier.init(kv_free.index(i), count=2)  # one per consumer
+        mbarrier.init(p_ready.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(l_ready.index(i), count=1)
+
+    smem = (q_nope, q_rope, k_nope, k_rope, stat_m, stat_l)
+    bars = (q_ready, kv_ready, kv_free, p_ready, l_ready)
+    # One argument tuple per partition, written out: a tuple built with `+` in a kernel loses
+    # its constexprs.
+    gl.warp_specialize([
+        (_producer, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                     H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                     stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
+                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT)),
+        (_consumer0, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                      H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                      stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
+                      stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT)),
+        (_consumer1, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                      H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                      stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
+                      stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT)),
+    ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
