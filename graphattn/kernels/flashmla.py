@@ -1,6 +1,6 @@
 """flashmla-style sparse MLA: any head count, split-KV partials in a workspace, separate combine.
 
-Launch 1 (``_flashmla_split_kernel``, or the Gluon ``_flashmla_wgmma_kernel`` on sm_90): one
+Launch 1 (``_flashmla_split_kernel``, or on sm_90 a Gluon kernel of :data:`GLUON_KERNELS`): one
 program per (row, split, head block) attends over its slice of the row's top-k and writes a
 normalised partial (out f32, natural-log lse) into the caller's workspace. Launch 2
 (``_flashmla_combine_kernel``) merges the partials; where the launch table says so (sm_90, few
@@ -88,8 +88,7 @@ def _flashmla_combine_kernel(
 # The Gluon kernels (sm_90) a launch config's "kernel" key names: key -> (module, function),
 # imported only where the platform picks one.
 GLUON_KERNELS = {
-    "wgmma_ws": ("wgmma_ws", "_flashmla_ws_kernel"),  # warp-specialised: what sm_90 runs for bf16/fp16 kv
-    "wgmma": ("wgmma", "_flashmla_wgmma_kernel"),  # its predecessor, for measurements (an override)
+    "wgmma_ws": ("wgmma_ws", "_flashmla_ws_kernel"),  # warp-specialised: bf16/fp16 kv
     "wgmma_fp8": ("wgmma_fp8", "_flashmla_wgmma_fp8_kernel"),  # 656-byte FP8 kv
 }
 

@@ -1,10 +1,11 @@
 """flashmla's split kernel for sm_90 reading 656-byte FP8 KV tokens (Gluon: cp.async ring + wgmma).
 
-The schedule of :mod:`graphattn.kernels.wgmma` (one program per (row, split, 64-head block), two
-warpgroups, q resident in shared memory, a 2-slot ring of 64-token tiles gathered with 16-byte
-``cp.async`` copies), with the token's three parts gathered separately: the 512 FP8 bytes of the
-latent part, its 4 float32 block scales, its 64 bf16 rotary values
-(:mod:`graphattn.common.kv_layout`). Per tile:
+One program per (row, split, 64-head block), 8 warps = two warpgroups that both gather and
+compute (not warp-specialised, unlike the bf16 kernel ``wgmma_ws``): q resident in shared
+memory, a 2-slot ring of 64-token tiles gathered with 16-byte ``cp.async`` copies, the copies of
+the next tile issued before the products of this one. The token's three parts are gathered
+separately: the 512 FP8 bytes of the latent part, its 4 float32 block scales, its 64 bf16 rotary
+values (:mod:`graphattn.common.kv_layout`). Per tile:
 
 * **convert**: the FP8 bytes of the landed slot are converted, exactly, to q's dtype (e4m3 has
   4 significant bits) into one shared-memory tile; no scale is applied there. With fp16 q the
@@ -15,8 +16,8 @@ latent part, its 4 float32 block scales, its 64 bf16 rotary values
   float32, so the scores carry no dequantisation rounding (what the Triton FP8 path and the
   float64 reference of the dequantised cache do).
 * **output**: ``O_b += (P * scale_b)  V_b`` per block: four ``[64, 128]`` float32 accumulators
-  (the ``[64, 512]`` of the bf16 kernel, by column block), the weights ``P * scale_b`` rounded
-  to q's dtype as the Triton path rounds them.
+  (the ``[64, 512]`` output by column block; each warpgroup owns half the columns), the weights
+  ``P * scale_b`` rounded to q's dtype as the Triton path rounds them.
 
 Shared memory (q bf16/fp16): q 72 KB, the FP8 ring 2 x 32 KB, the rope ring 2 x 8 KB, the
 scales 2 x 1 KB, the converted tile 64 KB: 218 KB, one program per SM.
@@ -34,7 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..common.kv_layout import ROPE_OFFSET, SCALE_OFFSET, TILE
-from .wgmma import _async_load, _cta_barrier, _launch_dependents, _load_indices, _program_split
+from .wgmma import _async_load, _cta_barrier, _launch_dependents, _load_indices, _load_q, _program_split
 
 # The token layout (graphattn.common.kv_layout), as kernel constants.
 FP8_SCALE_OFFSET = gl.constexpr(SCALE_OFFSET)  # bytes: the 4 float32 scales after the 512 FP8 values
@@ -137,7 +138,7 @@ def _flashmla_wgmma_fp8_kernel(
     STAGES: gl.constexpr, DIRECT: gl.constexpr, KV_FP8: gl.constexpr = 1,
     LAUNCH_DEPENDENTS: gl.constexpr = 0,
 ):
-    """Arguments, grid and outputs as ``_flashmla_wgmma_kernel``, with ``kv_ptr`` the 656-byte
+    """Arguments, grid and outputs as ``_flashmla_split_kernel``, with ``kv_ptr`` the 656-byte
     tokens ``[pool, 656]`` uint8 (e4m3fn; ``stride_kv`` in bytes, a multiple of 16) and q
     bf16/fp16; launch with ``num_warps=8``."""
     gl.static_assert(BLOCK_H == 64, "one wgmma M tile of heads per program")
@@ -182,15 +183,7 @@ def _flashmla_wgmma_fp8_kernel(
     k_scale = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, 4], plain)
     kc = gl.allocate_shared_memory(dtype, [BLOCK_N, D_NOPE], smem16)
 
-    q_base = q_ptr + row.to(gl.int64) * stride_qr
-    h_n = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, gather_q))
-    h_r = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, gather_r))
-    _async_load(q_nope, q_base + h_n[:, None] * stride_qh
-                + gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, gather_q))[None, :],
-                mask=(h_n < H)[:, None])
-    _async_load(q_rope, q_base + h_r[:, None] * stride_qh
-                + D_NOPE + gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, gather_r))[None, :],
-                mask=(h_r < H)[:, None])
+    _load_q(q_ptr, stride_qr, stride_qh, row, hb, H, q_nope, q_rope, BLOCK_H, D_NOPE, D_ROPE, gather_q, gather_r)
     _issue_gather_fp8(kv_ptr, stride_kv, pool,
                       _load_indices(idx_row_ptr, start, end, BLOCK_N, gl.SliceLayout(1, gather_n)),
                       _load_indices(idx_row_ptr, start, end, BLOCK_N, gl.SliceLayout(1, gather_r)),

@@ -43,7 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .wgmma import _async_load, _cta_barrier, _gather_tile, _launch_dependents, _load_indices, _program_split
+from .wgmma import _cta_barrier, _gather_tile, _launch_dependents, _load_indices, _load_q, _program_split
 
 # Registers per thread of each consumer (setmaxnreg). The launch caps every thread at 168
 # (``maxnreg`` in graphattn.cuda.configs: 12 warps x 32 x 168 <= 65536); the default partition
@@ -69,16 +69,8 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
         size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0])
     idx_row_ptr = idx_ptr + row.to(gl.int64) * stride_ir
 
-    # q of this row and head block (heads >= H masked: zeros, nothing read).
-    q_base = q_ptr + row.to(gl.int64) * stride_qr
-    h_n = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, gather_n))
-    h_r = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, gather_r))
-    _async_load(q_nope.index(0), q_base + h_n[:, None] * stride_qh
-                + gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, gather_n))[None, :],
-                mask=(h_n < H)[:, None])
-    _async_load(q_rope.index(0), q_base + h_r[:, None] * stride_qh
-                + D_NOPE + gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, gather_r))[None, :],
-                mask=(h_r < H)[:, None])
+    _load_q(q_ptr, stride_qr, stride_qh, row, hb, H, q_nope.index(0), q_rope.index(0),
+            BLOCK_H, D_NOPE, D_ROPE, gather_n, gather_r)
     _async_copy.mbarrier_arrive(q_ready, increment_count=False)
 
     idx_n = _load_indices(idx_row_ptr, start, end, BLOCK_N, gl.SliceLayout(1, gather_n))
