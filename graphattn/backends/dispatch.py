@@ -1,9 +1,10 @@
 """The ``dispatch`` backend (what ``--attn-backend auto`` runs on a GPU): the fastest kernel path
 per row count.
 
-No single kernel path wins at every batch size: on the H200 flashmla's split-KV kernel is
-fastest from 1 to 64 rows at every head count, while at 16 heads x 512 rows trtllm and
-flashmla_mega are 25% faster (docs/benchmarks.md, "Kernels"). This backend picks, **at plan
+The fastest kernel path depends on the shape and the GPU: on the H200 flashmla measures fastest
+at every shape of the kernel table since its warp-specialised kernel, while before it trtllm and
+flashmla_mega were 25% faster at 16 heads x 512 rows (docs/benchmarks.md, "Kernels"); other
+GPUs are measured apart or not at all. This backend picks, **at plan
 time and per row count**, the path the platform measured fastest at the nearest measured shape
 (``Platform.fastest_path``, from the launch table's ``kernel_times``). A graph bucket captured at
 ``rows`` therefore holds one path, the one planned for ``rows``; a replay never switches.
