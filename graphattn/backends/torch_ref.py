@@ -3,21 +3,37 @@
 Pure torch ops, no host synchronisation, so it runs eagerly and inside any graph (real or
 emulated) on every platform. It is slow and memory hungry (it gathers the top-k KV rows), so it
 is the fallback where no Triton kernel can run and the baseline the others are measured against.
+
+On a GPU an eager call replays a private graph of its own ops once its key repeats
+(:class:`~graphattn.backends._replay.EagerGraphs`): four launches instead of ~20, the same
+results. ``GRAPHATTN_TORCH_GRAPHS=0`` (read at import) turns that off.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from ..common.kv_layout import KV_AUTO, KV_FP8
 from ..common.metadata import D_QK, D_V, GraphMetadata
+from ..common.platform import Platform, current_platform
+from ..common.validation import env_flag
+from ._replay import EagerGraphs
 from .base import AttentionBackend, GraphSupport
 
 # Bytes of gathered float32 KV per chunk: bounds the transient memory of one call (the gather is
 # [chunk_rows, topk, 576] float32) while keeping the number of launched ops small.
 _GATHER_BUDGET_BYTES = 256 << 20
+# Calls whose float32 gather plus q/out/lse take more run op by op: their ops keep the GPU busy
+# about as long as launching them keeps the host or longer (estimated ~100 µs of device time at
+# this size on an H200, against ~200 µs of host time for ~20 launches), and the private graphs'
+# pool would keep the intermediates of its largest call reserved.
+_GRAPH_BUDGET_BYTES = 64 << 20
+GRAPHS_ENV = "GRAPHATTN_TORCH_GRAPHS"
+# Read once at import: private graphs for eager calls on a GPU, unless off (0/false/no/off).
+# Any other value raises when the backend is loaded: a typo must not silently change the path.
+_EAGER_GRAPHS = env_flag(GRAPHS_ENV, default=True)
 _F32_LOWEST = torch.finfo(torch.float32).min
 _F32_TINY = torch.finfo(torch.float32).tiny
 
@@ -31,6 +47,25 @@ class TorchBackend(AttentionBackend):
     graph_support = GraphSupport.FULL
     description = "float32 PyTorch reference (any platform, capturable, slow)"
 
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        segment_class = self.platform.eager_graph_class() if _EAGER_GRAPHS else None
+        # The private graphs of eager calls (None: every call runs its ops; no GPU, or off).
+        self._graphs = EagerGraphs(segment_class, self.name) if segment_class is not None else None
+        # Rows of the calls that may use them: gather and statics (q, out, lse) in budget.
+        per_row = (self.topk * D_QK + self.num_heads * (D_QK + D_V + 1)) * 4
+        self._graph_rows = _GRAPH_BUDGET_BYTES // per_row
+
+    @classmethod
+    def notes(cls, platform: Platform | None = None) -> list[str]:
+        """See :meth:`AttentionBackend.notes`; on a GPU, what an eager call does."""
+        platform = platform or current_platform()
+        notes = super().notes(platform)
+        if platform.eager_graph_class() is not None:
+            notes.append(f"eager calls replay a private graph of their ops once a call repeats "
+                         f"({GRAPHS_ENV}=0: off)" if _EAGER_GRAPHS else f"eager calls run op by op ({GRAPHS_ENV}=0)")
+        return notes
+
     def _chunk_rows(self, rows: int) -> int:
         per_row = self.topk * D_QK * 4
         return max(1, min(rows, _GATHER_BUDGET_BYTES // max(per_row, 1)))
@@ -39,13 +74,24 @@ class TorchBackend(AttentionBackend):
         self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata,
         out: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """See :meth:`AttentionBackend.forward`. Capturable: static shapes, no host syncs."""
+        """See :meth:`AttentionBackend.forward`. Capturable: static shapes, no host syncs.
+
+        On a GPU, an eager call (no capture, tracing, compiling or dispatch mode) of one chunk
+        within the graph budget that reads the metadata's persistent index table goes through
+        the backend's private graphs: the second call with a key (device, stream, q shape, kv
+        and index-table address and layout) captures these very ops, later calls replay them.
+        """
         self.check_call(q, kv, metadata)
         if out is not None:
             self.check_out(q, out)
         rows = q.shape[0]
         indices = metadata.indices_for(rows)  # [rows, topk] int32, -1 = skip
         step = self._chunk_rows(rows)
+        graphs = self._graphs
+        if graphs is not None and rows <= step and rows <= self._graph_rows and not metadata.oversized:
+            res = graphs.run(self._attend, q, kv, indices, out)
+            if res is not None:
+                return res
         if step >= rows and out is None:  # the common case: one chunk, no output copies
             o, lse = self._attend(q, kv, indices)
             return o.to(q.dtype), lse

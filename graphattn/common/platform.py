@@ -118,6 +118,15 @@ def current_gpu_index() -> int:
     return _cuda_get_device() if _cuda_get_device is not None else torch.cuda.current_device()
 
 
+_cuda_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def current_stream_handle(index: int) -> int:
+    """The handle of GPU ``index``'s current stream (``cudaStream_t`` / ``hipStream_t`` as an
+    int): one C call, no ``Stream`` object. Only asked where a tensor on that GPU exists."""
+    return _cuda_raw_stream(index)
+
+
 def indexed_device(device: torch.device | str) -> torch.device:
     """``device`` with its index: a bare ``"cuda"`` becomes ``cuda:<current device>``, so that
     storage made now and grown later stays on one GPU whatever the current device is then."""
@@ -322,6 +331,12 @@ class Platform:
     def graph_segment_class(self) -> type:
         """The class that captures and replays one graph segment on this platform."""
         raise NotImplementedError
+
+    def eager_graph_class(self) -> type | None:
+        """The segment class of the real device graphs an eager call may capture once and then
+        replay instead of launching its ops one by one (the ``torch`` backend does), or ``None``
+        where graphs are not real: without a GPU the emulator's replay re-runs every op."""
+        return self.graph_segment_class() if self.has_gpu else None
 
     def kernel_config(self, path: str, **shape: Any) -> dict[str, Any]:
         """Triton launch settings for kernel ``path`` at the given problem shape."""
