@@ -7,17 +7,17 @@ the next tile issued before the products of this one. The token's three parts ar
 separately: the 512 FP8 bytes of the latent part, its 4 float32 block scales, its 64 bf16 rotary
 values (:mod:`graphattn.common.kv_layout`). Per tile:
 
-* **convert**: the FP8 bytes of the landed slot are converted, exactly, to q's dtype (e4m3 has
-  4 significant bits) into one shared-memory tile; no scale is applied there. With fp16 q the
-  bf16 rotary values are rounded to fp16 on their way into the rope slot (through registers),
-  as the reference multiplies them; with bf16 q they are copied as they are.
-* **scores**: ``S = q_rope k_rope^T + sum_b scale_b * (q_b k_b^T)`` over the four 128-column
-  blocks ``b``: each block's product is a wgmma on the exact FP8 values, scaled per token in
-  float32, so the scores carry no dequantisation rounding (what the Triton FP8 path and the
-  float64 reference of the dequantised cache do).
-* **output**: ``O_b += (P * scale_b)  V_b`` per block: four ``[64, 128]`` float32 accumulators
-  (the ``[64, 512]`` output by column block; each warpgroup owns half the columns), the weights
-  ``P * scale_b`` rounded to q's dtype as the Triton path rounds them.
+* **convert**: the landed slot's FP8 bytes are dequantised into q's dtype, as
+  ``kv_layout.dequantize_kv`` defines the cache: each value converted to float32, times its
+  token's float32 scale of its 128-value block (read from the slot's scales), rounded once to
+  q's dtype, into one shared-memory tile ``kc`` (a block at a time through registers). With
+  fp16 q the bf16 rotary values are rounded to fp16 on their way into the rope slot (through
+  registers); with bf16 q they are copied as they are.
+* **scores**: ``S = q_rope k_rope^T + q_nope kc^T``, one chain of two wgmma on the converted
+  tile, as the bf16 kernel computes them on a bf16 tile.
+* **output**: ``O += P V`` with ``P`` rounded to q's dtype once: one ``[64, 512]`` float32
+  accumulator (each warpgroup owns half the columns). From the conversion on, the tile is
+  multiplied exactly as a plain cache in q's dtype.
 
 Shared memory (q bf16/fp16): q 72 KB, the FP8 ring 2 x 32 KB, the rope ring 2 x 8 KB, the
 scales 2 x 1 KB, the converted tile 64 KB: 218 KB, one program per SM.
@@ -84,48 +84,13 @@ def _rope_to_q_dtype(kv_ptr, stride_kv, pool, idx, kr_slot, D_ROPE: gl.constexpr
 
 
 @gluon.jit
-def _convert_block(k8_slot, kc, b: gl.constexpr, conv: gl.constexpr):
-    """FP8 columns ``[128 b, 128 b + 128)`` of the landed slot -> the converted tile, exactly."""
-    raw = k8_slot.slice(b * FP8_BLOCK, FP8_BLOCK, dim=1).load(conv)
-    kc.slice(b * FP8_BLOCK, FP8_BLOCK, dim=1).store(raw.to(gl.float8e4nv, bitcast=True).to(kc.dtype))
-
-
-@gluon.jit
-def _block_scale(sc_slot, b: gl.constexpr, scale_l: gl.constexpr, s_layout: gl.constexpr):
-    """The tokens' scale of block ``b`` ``[BLOCK_N]`` f32, in the layout of the score columns."""
-    col = sc_slot.slice(b, 1, dim=1).load(scale_l)  # [BLOCK_N, 1]
-    return gl.convert_layout(gl.sum(col, axis=1), gl.SliceLayout(0, s_layout))
-
-
-@gluon.jit
-def _block_scores(s, q_nope, kc, scale, b: gl.constexpr, zeros):
-    """``s + scale * (q_b k_b^T)`` for column block ``b`` (exact FP8 values, f32 scale)."""
-    t = warpgroup_mma(q_nope.slice(b * FP8_BLOCK, FP8_BLOCK, dim=1),
-                      kc.slice(b * FP8_BLOCK, FP8_BLOCK, dim=1).permute((1, 0)), zeros,
-                      use_acc=False, is_async=True)
-    t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
-    return s + t * scale[None, :]
-
-
-@gluon.jit
-def _block_pv(acc, p, scale, kc, b: gl.constexpr, alpha, p_layout: gl.constexpr, row_o: gl.constexpr):
-    """``alpha * acc + (p * scale)  V_b`` for column block ``b``: the weights rounded to q's dtype."""
-    acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-    w = gl.convert_layout((p * scale[None, :]).to(kc.dtype), p_layout)
-    acc = warpgroup_mma(w, kc.slice(b * FP8_BLOCK, FP8_BLOCK, dim=1), acc, is_async=True)
-    return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-
-
-@gluon.jit
-def _store_block(acc, l, b: gl.constexpr, row, h_o, H, out_ptr, w_base, stride_wh, o_mask,
-                 o_layout: gl.constexpr, row_o: gl.constexpr, D_NOPE: gl.constexpr, DIRECT: gl.constexpr):
-    out = acc / gl.convert_layout(gl.where(l == 0.0, 1.0, l), row_o)[:, None]
-    d_o = b * FP8_BLOCK + gl.arange(0, FP8_BLOCK, layout=gl.SliceLayout(0, o_layout))
-    if DIRECT:
-        rh = row.to(gl.int64) * H + h_o
-        gl.store(out_ptr + rh[:, None] * D_NOPE + d_o[None, :], out.to(out_ptr.dtype.element_ty), mask=o_mask)
-    else:
-        gl.store(w_base + h_o[:, None] * stride_wh + d_o[None, :], out, mask=o_mask)
+def _convert_block(k8_slot, sc_slot, kc, b: gl.constexpr, conv: gl.constexpr):
+    """FP8 columns ``[128 b, 128 b + 128)`` of the landed slot, dequantised into the converted
+    tile: ``dtype(float32(fp8) * scale_b)`` with each token's scale of block ``b``."""
+    raw = k8_slot.slice(b * FP8_BLOCK, FP8_BLOCK, dim=1).load(conv)  # [BLOCK_N, 128] u8
+    scale = sc_slot.slice(b, 1, dim=1).load(conv)  # [BLOCK_N, 1] f32, broadcast along the row
+    x = raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scale
+    kc.slice(b * FP8_BLOCK, FP8_BLOCK, dim=1).store(x.to(kc.dtype))
 
 
 @gluon.jit
@@ -153,7 +118,7 @@ def _flashmla_wgmma_fp8_kernel(
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, FP8_BLOCK // 2, 16])
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D_NOPE // 2, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     gather_q: gl.constexpr = gl.BlockedLayout(
         size_per_thread=[1, 8], threads_per_warp=[1, 32], warps_per_cta=[8, 1], order=[1, 0])
@@ -165,8 +130,6 @@ def _flashmla_wgmma_fp8_kernel(
         size_per_thread=[1, 4], threads_per_warp=[32, 1], warps_per_cta=[8, 1], order=[1, 0])
     conv: gl.constexpr = gl.BlockedLayout(
         size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[8, 1], order=[1, 0])
-    scale_l: gl.constexpr = gl.BlockedLayout(
-        size_per_thread=[1, 1], threads_per_warp=[32, 1], warps_per_cta=[8, 1], order=[0, 1])
     smem16: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     smem8: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     plain: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
@@ -198,10 +161,7 @@ def _flashmla_wgmma_fp8_kernel(
     zeros = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
     m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_s)
     l = gl.full([BLOCK_H], 0.0, gl.float32, layout=row_s)
-    acc0 = gl.zeros([BLOCK_H, FP8_BLOCK], gl.float32, layout=o_layout)
-    acc1 = gl.zeros([BLOCK_H, FP8_BLOCK], gl.float32, layout=o_layout)
-    acc2 = gl.zeros([BLOCK_H, FP8_BLOCK], gl.float32, layout=o_layout)
-    acc3 = gl.zeros([BLOCK_H, FP8_BLOCK], gl.float32, layout=o_layout)
+    acc = gl.zeros([BLOCK_H, D_NOPE], gl.float32, layout=o_layout)
     for i in range(0, n_tiles):
         slot = i % STAGES
         # Tile i has landed (wait + fence + barrier), and every warp is done with tile i - 1:
@@ -223,24 +183,17 @@ def _flashmla_wgmma_fp8_kernel(
         if dtype != gl.bfloat16:
             idx_rc = _load_indices(idx_row_ptr, start + i * BLOCK_N, end, BLOCK_N, gl.SliceLayout(1, gather_r))
             _rope_to_q_dtype(kv_ptr, stride_kv, pool, idx_rc, k_rope.index(slot), D_ROPE, gather_r)
-        _convert_block(k8_slot, kc, 0, conv)
-        _convert_block(k8_slot, kc, 1, conv)
-        _convert_block(k8_slot, kc, 2, conv)
-        _convert_block(k8_slot, kc, 3, conv)
+        sc_slot = k_scale.index(slot)
+        _convert_block(k8_slot, sc_slot, kc, 0, conv)
+        _convert_block(k8_slot, sc_slot, kc, 1, conv)
+        _convert_block(k8_slot, sc_slot, kc, 2, conv)
+        _convert_block(k8_slot, sc_slot, kc, 3, conv)
         fence_async_shared()  # the converted tile, written by every thread, read by wgmma
         _cta_barrier()
 
-        sc_slot = k_scale.index(slot)
-        sc0 = _block_scale(sc_slot, 0, scale_l, s_layout)
-        sc1 = _block_scale(sc_slot, 1, scale_l, s_layout)
-        sc2 = _block_scale(sc_slot, 2, scale_l, s_layout)
-        sc3 = _block_scale(sc_slot, 3, scale_l, s_layout)
         s = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), zeros, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_nope, kc.permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        s = _block_scores(s, q_nope, kc, sc0, 0, zeros)
-        s = _block_scores(s, q_nope, kc, sc1, 1, zeros)
-        s = _block_scores(s, q_nope, kc, sc2, 2, zeros)
-        s = _block_scores(s, q_nope, kc, sc3, 3, zeros)
 
         valid = (idx_s >= 0) & (idx_s < pool)
         s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
@@ -250,23 +203,23 @@ def _flashmla_wgmma_fp8_kernel(
         p = gl.exp2(s - m_ref[:, None])
         l = l * alpha + gl.sum(p, axis=1)
         m = m_new
-        acc0 = _block_pv(acc0, p, sc0, kc, 0, alpha, p_layout, row_o)
-        acc1 = _block_pv(acc1, p, sc1, kc, 1, alpha, p_layout, row_o)
-        acc2 = _block_pv(acc2, p, sc2, kc, 2, alpha, p_layout, row_o)
-        acc3 = _block_pv(acc3, p, sc3, kc, 3, alpha, p_layout, row_o)
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), kc, acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     _async_copy.wait_group(0)  # the ring's trailing (masked-off) group
 
     empty = l == 0.0
     lse = gl.where(empty, float("-inf"), (m + gl.log2(gl.where(empty, 1.0, l))) * 0.6931471805599453)
     h_o = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_o)
     h_s = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_s)
+    d_o = gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, o_layout))
     o_mask = (h_o < H)[:, None]  # heads >= H exist only in this program: never stored
-    w_base = ws_out_ptr + row.to(gl.int64) * stride_wr + split * stride_ws
-    _store_block(acc0, l, 0, row, h_o, H, out_ptr, w_base, stride_wh, o_mask, o_layout, row_o, D_NOPE, DIRECT)
-    _store_block(acc1, l, 1, row, h_o, H, out_ptr, w_base, stride_wh, o_mask, o_layout, row_o, D_NOPE, DIRECT)
-    _store_block(acc2, l, 2, row, h_o, H, out_ptr, w_base, stride_wh, o_mask, o_layout, row_o, D_NOPE, DIRECT)
-    _store_block(acc3, l, 3, row, h_o, H, out_ptr, w_base, stride_wh, o_mask, o_layout, row_o, D_NOPE, DIRECT)
+    out = acc / gl.convert_layout(gl.where(empty, 1.0, l), row_o)[:, None]
     if DIRECT:
+        rh = row.to(gl.int64) * H + h_o
+        gl.store(out_ptr + rh[:, None] * D_NOPE + d_o[None, :], out.to(out_ptr.dtype.element_ty), mask=o_mask)
         gl.store(lse_ptr + row.to(gl.int64) * H + h_s, lse, mask=h_s < H)
     else:
+        w_base = ws_out_ptr + row.to(gl.int64) * stride_wr + split * stride_ws
+        gl.store(w_base + h_o[:, None] * stride_wh + d_o[None, :], out, mask=o_mask)
         gl.store(ws_lse_ptr + row.to(gl.int64) * stride_lr + split * stride_ls + h_s, lse, mask=h_s < H)
