@@ -103,7 +103,7 @@ def test_fp8_tokens_need_the_656_byte_layout():
 
 
 def test_sm90_flashmla_reads_fp8_with_the_gluon_kernel(monkeypatch):
-    """On sm_90 FP8 kv runs the Gluon kernel's FP8 variant at every row count (never the
+    """On sm_90 FP8 kv runs the warp-specialised Gluon kernel with ``KV_FP8=1`` at every row count (never the
     tokens-major tile, which spills with FP8); trtllm and mega keep the heads-major Triton tiles
     at sm_90's FP8 warp count (where they do not spill)."""
     from graphattn.cuda import configs as cuda_configs
@@ -115,8 +115,9 @@ def test_sm90_flashmla_reads_fp8_with_the_gluon_kernel(monkeypatch):
                         lambda self, p, **kw: cuda_configs.kernel_config(p, **kw))
     q = torch.randn(4, 64, 576)
     kv8 = kv_layout.quantize_kv(torch.randn(100, 576))
-    assert flashmla.kernel_name(q, kv8, 2048) == "wgmma_fp8"
-    assert flashmla.kernel_name(q[:1], kv8, 2048) == "wgmma_fp8"
+    assert flashmla.kernel_name(q, kv8, 2048) == "wgmma_ws"
+    assert flashmla.kernel_name(q[:1], kv8, 2048) == "wgmma_ws"
+    assert cuda_configs.kernel_config("flashmla", 4, 64, 2048, kv_fp8=True)["KV_FP8"] == 1
     assert flashmla.kernel_name(q[:1], q.new_empty(100, 576), 2048) == "triton_kv_major"  # plain kv
     cfg = cuda_configs.kernel_config("trtllm", 1, 16, 2048, kv_fp8=True)
     assert cfg["num_warps"] == cuda_configs.FP8_NUM_WARPS[cfg["BLOCK_H"]] == 8 and not cfg["KV_MAJOR"], cfg

@@ -56,12 +56,11 @@ _KV_MAJOR_TILE = {"BLOCK_H": 16, "BLOCK_N": 64, "IDX_AHEAD": 0, "KV_MAJOR": 1, "
 # or 4 slots (188 / 225 KB): 64 x 64 rows 90.2 us vs 114.0 / 115.4, 128 x 512 866.5 vs 1128.9 / 1134.3.
 _WGMMA_TILE = {"kernel": "wgmma_ws", "BLOCK_H": 64, "BLOCK_N": 64, "STAGES": 2, "num_warps": 4,
                "num_stages": 1, "maxnreg": 168}
-# 656-byte FP8 kv: the same warp-specialised kernel, whose producer dequantises each gathered
-# tile to q's dtype in place (KV_FP8=1, e4m3fn); its predecessor, 8 warps that gathered,
-# converted and computed in turn (graphattn.kernels.wgmma_fp8), stays for A/B runs.
+# 656-byte FP8 kv: the same warp-specialised kernel reading the tokens' bytes (KV_FP8=1, e4m3fn),
+# each tile dequantised in shared memory by its owner. It replaced an 8-warp kernel that
+# gathered, converted and computed in turn (kernels/wgmma_fp8.py up to 4011a35): 128 x 512 rows
+# 1582 -> 877 us, 64 x 64 110 -> 72, 16 x 512 784 -> 434 (docs/benchmarks.md).
 _WGMMA_FP8_TILE = {**_WGMMA_TILE, "KV_FP8": 1}
-_WGMMA_FP8_8WARP_TILE = {"kernel": "wgmma_fp8", "BLOCK_H": 64, "BLOCK_N": 64, "STAGES": 2, "num_warps": 8,
-                         "num_stages": 1}
 # Its splits fill whole waves of 132 programs (graphattn.kernels.plan.choose_splits), a split
 # costing about two 64-token tiles of fixed work (q is 72 KB, the f32 partial 128 KB); that
 # rule, not PARTIAL_BYTES_PER_ROW, keeps 8 rows x topk 32768 in one wave, so up to 32 splits
@@ -182,16 +181,12 @@ def kernel_config(path: str, rows: int = 1, heads: int = 64, topk: int = 2048,
 def all_configs(path: str, kv_fp8: bool = False) -> list[dict[str, Any]]:
     """Every distinct setting :func:`kernel_config` can return for ``path`` (host keys dropped,
     except ``kernel``, which names the function a setting runs: absent for the Triton ones);
-    ``kv_fp8``: those it returns for 656-byte FP8 tokens, and the 8-warp FP8 kernel's, kept for
-    A/B runs."""
+    ``kv_fp8``: those it returns for 656-byte FP8 tokens."""
     if path == "flashmla_combine":
         return [dict(_COMBINE), dict(_COMBINE_PDL)]
     if kv_fp8:
         fp8 = [_tiles(max_heads, kv_fp8) for max_heads, _ in _TILES]
-        # With the 8-warp FP8 kernel's setting: no shape picks it, but A/B runs launch it (the
-        # launch table's override), so it is compiled ahead of time too.
-        gluon = [dict(_WGMMA_FP8_TILE), dict(_WGMMA_FP8_8WARP_TILE)]
-        return fp8 + (gluon if path == "flashmla" and gluon_available() else [])
+        return fp8 + ([dict(_WGMMA_FP8_TILE)] if path == "flashmla" and gluon_available() else [])
     tiles = [_tiles(max_heads) for max_heads, _ in _TILES]
     if not path.startswith("flashmla"):
         return tiles
