@@ -1,6 +1,6 @@
 """Backends with the 656-byte FP8 KV layout: capability data, refusal reasons that name the
-layout, the conformance suite with ``kv_dtype="fp8"`` (against the reference of the dequantised
-cache), and ``graphattn list`` / ``check`` / ``bench --kv-dtype``."""
+layout, the conformance suite with ``kv_dtype="fp8"`` (against the reference of the cache
+dequantised into q's dtype), and ``graphattn list`` / ``check`` / ``bench --kv-dtype``."""
 
 from __future__ import annotations
 
@@ -99,6 +99,25 @@ def test_builtin_backend_conformance_fp8(case):
     case.run()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_torch_backend_reads_the_cache_dequantised_into_q_dtype(dtype):
+    """The torch backend's FP8 semantics, pinned as the kernels' are (test_kernels_fp8)."""
+    from graphattn.common.reference import sparse_mla_reference
+    from graphattn.common.tolerances import tolerance
+    from test_kernels_fp8 import rounding_tokens, worst_ratio
+
+    fmt = current_platform().fp8_dtype
+    q, kv8, idx, sm_scale = rounding_tokens(2, 16, 40, 64, dtype, fmt)
+    backend = get_backend_class("torch")(16, 40, dtype, kv_dtype="fp8", sm_scale=sm_scale)
+    md = backend.make_metadata(2)
+    backend.plan(md, idx)
+    got = backend.forward(q, kv8, md)
+    tol = tolerance(dtype, "fp8")
+    assert worst_ratio(got, sparse_mla_reference(q, kv8, idx, sm_scale), tol) <= 1, f"torch fp8 {dtype}"
+    exact = sparse_mla_reference(q, kv_layout.dequantize_kv(kv8, fmt, torch.float64), idx, sm_scale)
+    assert worst_ratio(got, exact, tol) > 3, f"torch fp8 {dtype}: follows the exactly dequantised cache"
+
+
 def test_conformance_skips_a_backend_without_fp8_with_its_reason():
     (param, *_) = conformance_params(["torch"], "small", kv_dtype="fp8")
     assert not param.marks[1:], "torch takes FP8 KV"
@@ -111,7 +130,7 @@ def test_conformance_skips_a_backend_without_fp8_with_its_reason():
         registry.unregister_backend("plain_fp8_test")
 
 
-def test_check_case_uses_the_fp8_tolerance_and_names_the_layout():
+def test_check_case_catches_a_wrong_fp8_read_and_names_the_layout():
     # A kernel that reads the FP8 tokens wrongly (here: scales ignored) must fail, naming the layout.
     class ScalelessBackend(get_backend_class("torch")):
         name = "scaleless"

@@ -1,10 +1,10 @@
-"""Every kernel path reading 656-byte FP8 KV tokens, against the float64 reference of the
-dequantised cache (CPU: the Triton interpreter; GPU: compiled).
+"""Every kernel path reading 656-byte FP8 KV tokens, against the float64 reference of the cache
+dequantised into q's dtype (CPU: the Triton interpreter; GPU: compiled).
 
-The kernels load each token's bytes, bitcast the nope part to the platform's FP8 format and
-convert it exactly to q's dtype; the per-128-value scales multiply the float32 score products
-and the softmax weights (rounded to q's dtype), never the tile. The reference dequantises
-exactly (float64). Both FP8 formats run under the interpreter; a GPU runs only its own.
+The kernels load each token's bytes, bitcast the nope part to the platform's FP8 format,
+multiply each value by its token's float32 block scale in float32 and round it once to q's
+dtype (``kv_layout.dequantize_kv``), then multiply as for a plain cache in q's dtype; so the
+plain tolerances apply. Both FP8 formats run under the interpreter; a GPU runs only its own.
 """
 
 from __future__ import annotations
@@ -51,8 +51,7 @@ def fp8_inputs(rows, heads, topk, pool, dtype, fmt):
 
 def check_fp8(path, q, kv8, idx, sm_scale, out, lse, counter, fmt):
     ref_out, ref_lse = sparse_mla_reference(q, kv8, idx, sm_scale, fp8_dtype=fmt)
-    # The weights p * scale are rounded to q's dtype for the PV product: FP8's own tolerance.
-    tol = tolerance(q.dtype, "fp8")
+    tol = tolerance(q.dtype, "fp8")  # the plain tolerance: the dequantised cache is a plain one
     where = f"[{path} fp8 {fmt} rows={q.shape[0]} heads={q.shape[1]} topk={idx.shape[1]} {q.dtype}]"
     assert out.shape == ref_out.shape and out.dtype == q.dtype, f"{where} out {out.shape} {out.dtype}"
     torch.testing.assert_close(out.double(), ref_out, atol=tol.atol, rtol=tol.rtol,
@@ -104,7 +103,7 @@ def test_fp8_tokens_need_the_656_byte_layout():
 
 
 def test_sm90_flashmla_reads_fp8_with_the_gluon_kernel(monkeypatch):
-    """On sm_90 FP8 kv runs the Gluon kernel's FP8 variant at every row count (never the
+    """On sm_90 FP8 kv runs the warp-specialised Gluon kernel with ``KV_FP8=1`` at every row count (never the
     tokens-major tile, which spills with FP8); trtllm and mega keep the heads-major Triton tiles
     at sm_90's FP8 warp count (where they do not spill)."""
     from graphattn.cuda import configs as cuda_configs
@@ -116,8 +115,62 @@ def test_sm90_flashmla_reads_fp8_with_the_gluon_kernel(monkeypatch):
                         lambda self, p, **kw: cuda_configs.kernel_config(p, **kw))
     q = torch.randn(4, 64, 576)
     kv8 = kv_layout.quantize_kv(torch.randn(100, 576))
-    assert flashmla.kernel_name(q, kv8, 2048) == "wgmma_fp8"
-    assert flashmla.kernel_name(q[:1], kv8, 2048) == "wgmma_fp8"
+    assert flashmla.kernel_name(q, kv8, 2048) == "wgmma_ws"
+    assert flashmla.kernel_name(q[:1], kv8, 2048) == "wgmma_ws"
+    assert cuda_configs.kernel_config("flashmla", 4, 64, 2048, kv_fp8=True)["KV_FP8"] == 1
     assert flashmla.kernel_name(q[:1], q.new_empty(100, 576), 2048) == "triton_kv_major"  # plain kv
     cfg = cuda_configs.kernel_config("trtllm", 1, 16, 2048, kv_fp8=True)
     assert cfg["num_warps"] == cuda_configs.FP8_NUM_WARPS[cfg["BLOCK_H"]] == 8 and not cfg["KV_MAJOR"], cfg
+
+
+def rounding_tokens(rows, heads, topk, pool, dtype, fmt):
+    """``q, kv8, idx, sm_scale`` whose dequantisation into q's dtype rounds every value the same
+    way, and whose lse shows it.
+
+    Each block scale is ``2^-5 (1 + d)`` with ``d`` below half of q's dtype's relative ulp (2^-9
+    bf16, 2^-12 fp16): ``fp8 * scale`` (exact in float32, at most 17 significant bits) rounds
+    down to ``fp8 * 2^-5`` for every value, and the exactly dequantised cache is ``1 + d`` times
+    the cache the paths read. The nope values are positive and q is all ones, so every nope
+    score is large (about 100 after ``sm_scale``) and moves by ``d`` times that between the two;
+    the rope part cancels most of it, so lse stays small (its tolerance is mostly ``lse_atol``)."""
+    q, kv8, idx = fp8_inputs(rows, heads, topk, pool, dtype, fmt)  # for the indices and poison
+    read = ~(kv8 == 0xFF).all(dim=1)  # the unselected tokens keep their NaN poison
+    n = int(read.sum())
+    values = kv_layout.quantize_kv(torch.rand(n, 576, device=kv8.device) + 0.5, fmt)
+    d = 2.0**-9 if dtype == torch.bfloat16 else 2.0**-12
+    values[:, kv_layout.SCALE_OFFSET:kv_layout.ROPE_OFFSET] = torch.full(
+        (n, kv_layout.NUM_TILES), 2.0**-5 * (1 + d), device=kv8.device).view(torch.uint8)
+    nope = kv_layout.dequantize_kv(values, fmt, dtype)[:, :512].double().sum(dim=1)  # [n] scores
+    rope = torch.full((n, 64), -float(nope.mean()) / 64, device=kv8.device).to(torch.bfloat16)
+    values[:, kv_layout.ROPE_OFFSET:] = rope.view(torch.uint8)
+    kv8[read] = values
+    return torch.ones_like(q), kv8, idx, 100 / float(nope.mean())
+
+
+def worst_ratio(got, want, tol):
+    """Largest error of ``(out, lse)`` against ``want`` relative to the tolerance (1 = at it)."""
+    ratio = 0.0
+    for g, w, atol, rtol in ((got[0], want[0], tol.atol, tol.rtol), (got[1], want[1], tol.lse_atol, tol.lse_rtol)):
+        finite = w.isfinite()
+        err = (g.double() - w).abs()[finite] / (atol + rtol * w.abs()[finite])
+        ratio = max(ratio, float(err.max()))
+    return ratio
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_fp8_is_attention_over_the_cache_dequantised_into_q_dtype(path, dtype):
+    """The semantics, pinned: a path matches the reference of ``dequantize_kv(kv, q's dtype)``
+    at the plain tolerance, and misses the reference of the exactly dequantised cache (the
+    scales applied to the float32 products, the numerics before) by several tolerances, so a
+    path that kept those numerics fails here."""
+    fmt = current_platform().fp8_dtype
+    q, kv8, idx, sm_scale = rounding_tokens(2, 16, 40, 64, dtype, fmt)
+    out, lse, counter = run_path(path, q, kv8, idx, sm_scale)
+    check_fp8(path, q, kv8, idx, sm_scale, out, lse, counter, fmt)
+    tol = tolerance(dtype, "fp8")
+    exact = sparse_mla_reference(q, kv_layout.dequantize_kv(kv8, fmt, torch.float64), idx, sm_scale)
+    crafted = worst_ratio(sparse_mla_reference(q, kv8, idx, sm_scale, fp8_dtype=fmt), exact, tol)
+    assert crafted > 8, f"the two references differ by only {crafted:.2f} tolerances"
+    missed = worst_ratio((out, lse), exact, tol)
+    assert missed > 3, f"[{path} fp8 {dtype}] within {missed:.2f} tolerances of the exactly dequantised cache"

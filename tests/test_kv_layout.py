@@ -1,5 +1,6 @@
-"""The 656-byte FP8 KV token: its bytes, the quantiser's round trip, the capturable pool write,
-and which FP8 format each platform reads (graphattn.common.kv_layout)."""
+"""The 656-byte FP8 KV token: its bytes, the quantiser's round trip, the cache dequantised into
+q's dtype, the capturable pool write, and which FP8 format each platform reads
+(graphattn.common.kv_layout)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,40 @@ def test_dequantize_keeps_leading_dims_and_exactness():
     assert torch.equal(out[0, 1], kvl.dequantize_kv(tok, dtype=torch.float64)[3])
     f32 = kvl.dequantize_kv(tok)  # float32: each product rounded once
     torch.testing.assert_close(f32.double(), kvl.dequantize_kv(tok, dtype=torch.float64), rtol=2**-23, atol=0)
+
+
+@pytest.mark.parametrize("fp8", FORMATS, ids=ids)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_dequantize_into_q_dtype_rounds_each_product_once(fp8, dtype):
+    """The cache attention reads: ``dtype(float32(fp8) * scale)``, rope in ``dtype``."""
+    kv = torch.randn(32, 576) * torch.logspace(-2, 2, 32)[:, None]
+    tok = kvl.quantize_kv(kv, fp8)
+    got = kvl.dequantize_kv(tok, fp8, dtype)
+    assert got.shape == (32, 576) and got.dtype == dtype
+    values = tok[:, :512].contiguous().view(fp8).float().view(32, 4, 128)
+    scale = tok[:, 512:528].contiguous().view(torch.float32)
+    product = (values * scale[..., None]).view(32, 512)  # float32, each product rounded once
+    assert torch.equal(got[:, :512], product.to(dtype)), f"[{fp8} {dtype}] nope"
+    assert torch.equal(got[:, 512:], kv[:, 512:].to(torch.bfloat16).to(dtype)), f"[{fp8} {dtype}] rope"
+    exact = kvl.dequantize_kv(tok, fp8, torch.float64)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got.double(), exact, rtol=2**-24, atol=0)
+    else:  # one rounding of the float32 product to q's dtype: within half an ulp, and visible
+        info = torch.finfo(dtype)
+        half_ulp = torch.maximum(exact[:, :512].abs(), torch.tensor(info.smallest_normal)) * info.eps / 2
+        err = (got.double() - exact)[:, :512].abs()
+        assert torch.all(err <= half_ulp * (1 + 2**-20)), f"[{fp8} {dtype}]"
+        assert (err > 0).float().mean() > 0.5, f"[{fp8} {dtype}] the scales should make most values round"
+
+
+def test_fp16_dequantisation_overflows_to_inf():
+    """Beyond fp16's range a dequantised value is inf in fp16 (an fp16 model's cache holds none)."""
+    kv = torch.zeros(2, 576)
+    kv[0, :128] = 1e5
+    kv[1, :128] = 1e3
+    got = kvl.dequantize_kv(kvl.quantize_kv(kv), dtype=torch.float16)
+    assert torch.isinf(got[0, :128]).all() and torch.isfinite(got[1]).all()
+    assert torch.isfinite(kvl.dequantize_kv(kvl.quantize_kv(kv), dtype=torch.bfloat16)).all()
 
 
 def test_write_into_pool_rows_skips_invalid_slots():

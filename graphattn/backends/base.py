@@ -322,11 +322,12 @@ class AttentionBackend(BackendChecks):
         return self.kv_dtype == KV_FP8
 
     def kv_rows_float(self, rows: torch.Tensor) -> torch.Tensor:
-        """Gathered kv rows ``[..., 576]`` (q's dtype) or ``[..., 656]`` uint8 (FP8 tokens,
-        dequantised in the platform's format) as float32 ``[..., 576]``. Capturable."""
-        if self.kv_fp8:  # nope fp8 x scale in float32, rope in q's dtype: as the kernels and the reference
-            half = self.dtype in (torch.bfloat16, torch.float16)
-            return dequantize_kv(rows, self.platform.fp8_dtype, torch.float32, rope_dtype=self.dtype if half else None)
+        """Gathered kv rows ``[..., 576]`` (q's dtype) or ``[..., 656]`` uint8 (FP8 tokens in the
+        platform's format, dequantised into q's dtype as the kernels and the reference read
+        them: :func:`~graphattn.common.kv_layout.dequantize_kv`) as float32 ``[..., 576]``.
+        Capturable."""
+        if self.kv_fp8:
+            rows = dequantize_kv(rows, self.platform.fp8_dtype, self.dtype)
         return rows.float()
 
     def __repr__(self) -> str:

@@ -10,8 +10,13 @@ A backend takes the latent KV cache in one of two layouts (``kv_dtype``):
       bytes 512 .. 527   4 float32 scales, scale[t] for nope values [128 t, 128 t + 128)
       bytes 528 .. 655   64 bfloat16 rotary ("rope") values, not quantised
 
-  Dequantised: ``nope[i] = fp8[i] * scale[i // 128]``, ``rope`` as stored, V = the dequantised
-  nope part. 656 bytes is 57% of a bf16 token's 1152.
+  Dequantised (what attention reads, :func:`dequantize_kv`), in q's dtype:
+  ``nope[i] = dtype(float32(fp8[i]) * scale[i // 128])`` (the product in float32, rounded once to
+  q's dtype: bf16 or fp16; float32 q keeps the float32 product), ``rope`` = the stored bf16
+  values in q's dtype; V = the dequantised nope part. Attention over FP8 tokens is attention
+  over that cache, exactly as over a plain cache in q's dtype (as FlashMLA's FP8 sparse decode
+  does: dequantise to bf16, then bf16 products). With fp16 q a product beyond fp16's range
+  becomes inf: an fp16 model's cache holds no such values. 656 bytes is 57% of a bf16 token's 1152.
 
 The bytes are the same everywhere; the FP8 *format* of the 512 values is the hardware's
 (``Platform.fp8_dtype``): ``float8_e4m3fn`` on NVIDIA and gfx950, ``float8_e4m3fnuz`` on gfx942
@@ -173,12 +178,17 @@ def quantize_kv(kv: torch.Tensor, fp8_dtype: torch.dtype | None = None,
 
 
 def dequantize_kv(kv: torch.Tensor, fp8_dtype: torch.dtype | None = None,
-                  dtype: torch.dtype = torch.float32, rope_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """656-byte tokens ``kv [..., 656]`` uint8 -> ``[..., 576]`` in ``dtype``. Capturable.
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """656-byte tokens ``kv [..., 656]`` uint8 -> the dequantised cache ``[..., 576]`` in ``dtype``.
+    Capturable.
 
-    ``nope[i] = fp8[i] * scale[i // 128]``, computed in float64 when ``dtype`` is float64 (then
-    exact) and in float32 otherwise; rope converted from bf16 (through ``rope_dtype`` first when
-    given: the kernels multiply it in q's dtype). ``fp8_dtype`` is the format the tokens were
+    ``nope[i] = dtype(float32(fp8[i]) * scale[i // 128])``: the product in float32, rounded once
+    to ``dtype``; ``rope`` = the stored bf16 values converted to ``dtype``. With ``dtype`` = q's
+    dtype (bf16, fp16 or float32) this is the cache every attention path reads (the kernels
+    round each value the same way, then multiply as for a plain cache); the float64 reference
+    takes it and converts it to float64. ``dtype=float64`` instead computes the product in
+    float64: the exact values of the tokens (for measuring the quantiser), which no attention
+    path reads. fp16 overflows to inf above 65504. ``fp8_dtype`` is the format the tokens were
     written in (default: the platform's).
     """
     fp8 = fp8_format(fp8_dtype)
@@ -186,15 +196,12 @@ def dequantize_kv(kv: torch.Tensor, fp8_dtype: torch.dtype | None = None,
     compute = torch.float64 if dtype == torch.float64 else torch.float32
     lead = kv.shape[:-1]
     nope = kv[..., :D_NOPE].view(fp8).to(compute).unflatten(-1, (NUM_TILES, TILE))
-    # The float32 scales and the bf16 rope are promoted to `compute` by the ops that take them
-    # (exactly: both are subsets of it), not by copies of their own: the torch backend
-    # dequantises on every call, where each op costs host time.
+    # The float32 scales are promoted to `compute` by the multiply (exactly), not by a copy of
+    # their own: the torch backend dequantises on every call, where each op costs host time.
     scale = kv[..., SCALE_OFFSET:ROPE_OFFSET].view(torch.float32)  # [..., 4]
-    nope = (nope * scale[..., None]).reshape(*lead, D_NOPE)
-    rope = kv[..., ROPE_OFFSET:].view(torch.bfloat16)
-    if rope_dtype is not None and rope_dtype != torch.bfloat16:
-        rope = rope.to(rope_dtype)
-    return torch.cat([nope, rope], dim=-1).to(dtype)
+    nope = (nope * scale[..., None]).reshape(*lead, D_NOPE).to(dtype)  # one rounding to dtype
+    rope = kv[..., ROPE_OFFSET:].view(torch.bfloat16).to(dtype)
+    return torch.cat([nope, rope], dim=-1)
 
 
 def write_kv_fp8_(pool: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor,

@@ -6,7 +6,8 @@ read (a NaN there cannot leak); duplicate indices count as many times as they ap
 or in a selected KV row propagates into that row's out and lse. Returns ``out [rows, heads, d_v]`` and
 ``lse [rows, heads]`` (natural log). A row with no valid index gives out = 0 and lse = −inf.
 ``kv`` may also be 656-byte FP8 tokens (``[pool, 656]`` uint8, :mod:`.kv_layout`): the reference
-dequantises them explicitly (exactly, in float64) and attends over the dequantised cache.
+dequantises them into q's dtype (:func:`.kv_layout.dequantize_kv`, what every attention path
+reads) and attends over that cache in float64, as over a plain cache in q's dtype.
 """
 
 from __future__ import annotations
@@ -15,9 +16,6 @@ import torch
 
 from .kv_layout import dequantize_kv, is_fp8_kv
 from .metadata import D_V
-
-
-_HALF = (torch.bfloat16, torch.float16)
 
 
 def sparse_mla_reference(
@@ -33,15 +31,13 @@ def sparse_mla_reference(
     """Exact attention in ``compute_dtype``; returns ``(out, lse)`` in that dtype.
 
     Rows are processed ``chunk_rows`` at a time so the gathered KV stays small. FP8 ``kv``
-    (uint8 ``[pool, 656]``) is dequantised first, read as ``fp8_dtype`` (default: the
-    platform's format): exactly, as the kernels multiply it.
+    (uint8 ``[pool, 656]``, read as ``fp8_dtype``; default: the platform's format) is
+    dequantised into q's dtype first: ``dtype(float32(fp8) * scale)``, rope in q's dtype.
     """
     if is_fp8_kv(kv):
-        # [pool, 576]: the cache as the kernels multiply it. They take the FP8 values exactly
-        # (in q's dtype) and apply each token's float32 scales to the float32 products, so the
-        # nope part is exact here (fp8 x scale in float64); the bf16 rope part is multiplied in
-        # q's dtype (rounded for fp16).
-        kv = dequantize_kv(kv, fp8_dtype, torch.float64, rope_dtype=q.dtype if q.dtype in _HALF else None)
+        # [pool, 576] in q's dtype: the cache every path multiplies (each value rounded once to
+        # q's dtype; float32 q keeps the float32 products), then exact from here on.
+        kv = dequantize_kv(kv, fp8_dtype, q.dtype)
     if q.dim() != 3 or kv.dim() != 2 or indices.dim() != 2:
         raise ValueError(
             f"expected q [rows, heads, d], kv [pool, d], indices [rows, topk]; got "

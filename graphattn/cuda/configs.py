@@ -56,9 +56,11 @@ _KV_MAJOR_TILE = {"BLOCK_H": 16, "BLOCK_N": 64, "IDX_AHEAD": 0, "KV_MAJOR": 1, "
 # or 4 slots (188 / 225 KB): 64 x 64 rows 90.2 us vs 114.0 / 115.4, 128 x 512 866.5 vs 1128.9 / 1134.3.
 _WGMMA_TILE = {"kernel": "wgmma_ws", "BLOCK_H": 64, "BLOCK_N": 64, "STAGES": 2, "num_warps": 4,
                "num_stages": 1, "maxnreg": 168}
-# 656-byte FP8 kv: the Gluon kernel that reads them (graphattn.kernels.wgmma_fp8, 8 warps).
-_WGMMA_FP8_TILE = {"kernel": "wgmma_fp8", "BLOCK_H": 64, "BLOCK_N": 64, "STAGES": 2, "num_warps": 8,
-                   "num_stages": 1}
+# 656-byte FP8 kv: the same warp-specialised kernel reading the tokens' bytes (KV_FP8=1, e4m3fn),
+# each tile dequantised in shared memory by its owner. It replaced an 8-warp kernel that
+# gathered, converted and computed in turn (kernels/wgmma_fp8.py up to 4011a35): 128 x 512 rows
+# 1582 -> 877 us, 64 x 64 110 -> 72, 16 x 512 784 -> 434 (docs/benchmarks.md).
+_WGMMA_FP8_TILE = {**_WGMMA_TILE, "KV_FP8": 1}
 # Its splits fill whole waves of 132 programs (graphattn.kernels.plan.choose_splits), a split
 # costing about two 64-token tiles of fixed work (q is 72 KB, the f32 partial 128 KB); that
 # rule, not PARTIAL_BYTES_PER_ROW, keeps 8 rows x topk 32768 in one wave, so up to 32 splits

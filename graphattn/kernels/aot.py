@@ -37,14 +37,12 @@ TARGETS = {"sm90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64), "gfx950": 
 KERNELS = {
     "flashmla_split": ("graphattn.kernels.flashmla", "_flashmla_split_kernel", "flashmla"),
     "flashmla_wgmma_ws": ("graphattn.kernels.wgmma_ws", "_flashmla_ws_kernel", "flashmla"),
-    "flashmla_wgmma_fp8": ("graphattn.kernels.wgmma_fp8", "_flashmla_wgmma_fp8_kernel", "flashmla"),
     "flashmla_combine": ("graphattn.kernels.flashmla", "_flashmla_combine_kernel", "flashmla_combine"),
     "trtllm": ("graphattn.kernels.trtllm", "_trtllm_kernel", "trtllm"),
     "mega": ("graphattn.kernels.mega", "_mega_kernel", "mega"),
 }
 # the "kernel" value of the configs each non-Triton kernel runs
-_KERNEL_KEY = {"flashmla_wgmma_ws": "wgmma_ws", "flashmla_wgmma_fp8": "wgmma_fp8"}
-_FP8_ONLY = ("flashmla_wgmma_fp8",)  # kernels that read only 656-byte FP8 tokens
+_KERNEL_KEY = {"flashmla_wgmma_ws": "wgmma_ws"}
 _F32_PTRS = ("ws_out_ptr", "ws_lse_ptr", "lse_ptr")
 _I32_PTRS = ("idx_ptr", "counter_ptr")
 
@@ -102,7 +100,7 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
             fp8 = {"KV_FP8": fp8_code(target)} if "KV_FP8" in names else None
             # The settings the launch table gives plain kv, then (kernels that read them) those
             # it gives 656-byte FP8 tokens, each compiled with its KV_FP8 code.
-            settings = [] if kernel in _FP8_ONLY else [(i, cfg, {}) for i, cfg in enumerate(configs)]
+            settings = [(i, cfg, {}) for i, cfg in enumerate(configs)]
             if fp8:
                 settings += [(i, cfg, fp8) for i, cfg in enumerate(fp8_configs)]
             for i, cfg, kv in settings:

@@ -88,8 +88,7 @@ def _flashmla_combine_kernel(
 # The Gluon kernels (sm_90) a launch config's "kernel" key names: key -> (module, function),
 # imported only where the platform picks one.
 GLUON_KERNELS = {
-    "wgmma_ws": ("wgmma_ws", "_flashmla_ws_kernel"),  # warp-specialised: bf16/fp16 kv
-    "wgmma_fp8": ("wgmma_fp8", "_flashmla_wgmma_fp8_kernel"),  # 656-byte FP8 kv
+    "wgmma_ws": ("wgmma_ws", "_flashmla_ws_kernel"),  # warp-specialised: bf16/fp16 kv and FP8 tokens
 }
 
 
@@ -112,7 +111,7 @@ def _select(rows: int, heads: int, topk: int, aligned: bool,
     any stride.
 
     The config's ``"kernel"`` key names the Gluon kernel (:data:`GLUON_KERNELS`); for 656-byte
-    FP8 tokens sm_90's table names the FP8 one (``graphattn.kernels.wgmma_fp8``).
+    FP8 tokens sm_90's table names the same kernel with ``KV_FP8=1`` (``graphattn.kernels.wgmma_ws``).
     """
     cfg = path_config(PATH, rows, heads, topk, platform, kv_fp8)
     gluon = cfg.get("kernel") in GLUON_KERNELS
@@ -127,7 +126,7 @@ def _select(rows: int, heads: int, topk: int, aligned: bool,
 
 def kernel_name(q: torch.Tensor, kv: torch.Tensor, topk: int) -> str:
     """The split kernel a launch over ``q`` and ``kv`` runs: a key of :data:`GLUON_KERNELS`
-    (Gluon, sm_90: ``"wgmma_ws"``, ``"wgmma_fp8"``),
+    (Gluon, sm_90: ``"wgmma_ws"``, for kv in q's dtype and FP8 tokens),
     ``"triton_kv_major"`` (the tokens-major Triton tile) or ``"triton"`` (the heads-major tiles)."""
     return _select(q.shape[0], q.shape[1], topk, aligned_16(q, kv), is_fp8_kv(kv))[2]
 

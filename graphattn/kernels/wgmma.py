@@ -1,5 +1,5 @@
 """Gluon pieces shared by flashmla's sm_90 split kernels (``wgmma_ws`` for bf16/fp16 kv,
-``wgmma_fp8`` for 656-byte FP8 tokens): the program's place in the grid, index loads, the
+one kernel, ``wgmma_ws``, for bf16/fp16 kv and 656-byte FP8 tokens): the program's place in the grid, index loads, the
 16-byte ``cp.async`` copies of q and of a KV tile, and the early signal of a programmatic
 dependent launch.
 

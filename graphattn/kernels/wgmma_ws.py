@@ -25,10 +25,19 @@ product, so its slot's next gather overlaps the following tile's scores, softmax
 (issuing the scores before releasing measured 1.2x slower: docs/benchmarks.md). Every mbarrier
 wait depends only on work issued earlier by the other partitions: no cycle.
 
+**656-byte FP8 tokens** (``KV_FP8=1``, e4m3fn; graphattn.common.kv_layout): the producer gathers
+each token's 512 FP8 bytes into the upper half of the slot's nope tile (its bytes viewed as
+uint8), its 4 float32 scales into a small ring of their own and its bf16 rope into the rope
+tile, all by ``cp.async`` on the same ``ready`` barrier. The tile's owner dequantises it in
+place, ``dtype(float32(fp8) * scale)`` (:func:`_dequantise_tile`: the values of block ``b``
+overwrite bytes already read), while the other's ``P V`` runs, and the schedule is then the
+bf16 one: FP8 KV means the products of a cache dequantised to q's dtype. Dequantising in the
+producer measured 1.34x slower (its 40 registers leave it no overlap: docs/benchmarks.md).
+
 Outputs and conventions are those of ``_flashmla_split_kernel`` (graphattn.kernels.flashmla): a
 normalised partial (or the final ``out``/``lse`` with ``DIRECT``), scores in base 2, an index
 outside ``[0, pool)`` never read, heads ``>= H`` of the last head block masked (zeros in, never
-stored). bf16/fp16 q and kv with 16-byte aligned rows.
+stored). bf16/fp16 q; kv in q's dtype or FP8 tokens, with 16-byte aligned rows.
 """
 
 from __future__ import annotations
@@ -43,7 +52,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .wgmma import _cta_barrier, _gather_tile, _launch_dependents, _load_indices, _load_q, _program_split
+from ..common.kv_layout import ROPE_OFFSET, SCALE_OFFSET, TILE
+from .wgmma import _async_load, _cta_barrier, _gather_tile, _launch_dependents, _load_indices, _load_q, _program_split
 
 # Registers per thread of each consumer (setmaxnreg). The launch caps every thread at 168
 # (``maxnreg`` in graphattn.cuda.configs: 12 warps x 32 x 168 <= 65536); the default partition
@@ -53,15 +63,23 @@ from .wgmma import _cta_barrier, _gather_tile, _launch_dependents, _load_indices
 # lanes (threads_per_warp [2, 16]) to fit in 40.
 CONSUMER_REGS = gl.constexpr(232)
 
+# The 656-byte FP8 token (graphattn.common.kv_layout), as kernel constants.
+FP8_SCALE_OFFSET = gl.constexpr(SCALE_OFFSET)  # bytes: the 4 float32 scales after the 512 FP8 values
+FP8_ROPE_OFFSET = gl.constexpr(ROPE_OFFSET)  # bytes: then the 64 bf16 rotary values
+FP8_BLOCK = gl.constexpr(TILE)  # values per scale
+# Shared-memory views of another dtype: ``reinterpret`` from triton 3.7 on, ``_reinterpret`` before.
+_NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+
 
 @gluon.jit
 def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
               H, pool, qk_scale, row, hb, split, start, end, n_tiles,
               stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-              DIRECT: gl.constexpr):
-    """Default partition (4 warps): q once, then every KV tile of the split into its slot."""
-    q_nope, q_rope, k_nope, k_rope, stat_m, stat_l = smem
+              DIRECT: gl.constexpr, KV_FP8: gl.constexpr):
+    """Default partition (4 warps): q once, then every KV tile of the split into its slot
+    (656-byte FP8 tokens with ``KV_FP8``: their bytes, dequantised by the tile's owner)."""
+    q_nope, q_rope, k_nope, k_rope, stat_m, stat_l, k_raw, k_scale, k_rope_bits, k_scale_rows = smem
     q_ready, kv_ready, kv_free, p_ready, l_ready = bars
     gather_n: gl.constexpr = gl.BlockedLayout(
         size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4, 1], order=[1, 0])
@@ -72,19 +90,120 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
     _load_q(q_ptr, stride_qr, stride_qh, row, hb, H, q_nope.index(0), q_rope.index(0),
             BLOCK_H, D_NOPE, D_ROPE, gather_n, gather_r)
     _async_copy.mbarrier_arrive(q_ready, increment_count=False)
+    if KV_FP8:
+        _produce_fp8(kv_ptr, stride_kv, pool, idx_row_ptr, start, end, n_tiles, k_raw, k_rope_bits, k_scale,
+                     kv_ready, kv_free, BLOCK_N, D_NOPE, D_ROPE)
+    else:
+        idx_n = _load_indices(idx_row_ptr, start, end, BLOCK_N, gl.SliceLayout(1, gather_n))
+        idx_r = _load_indices(idx_row_ptr, start, end, BLOCK_N, gl.SliceLayout(1, gather_r))
+        for j in range(0, n_tiles):
+            slot = j % 2
+            # Slot free: both consumers are done with tile j - 2 (a fresh barrier passes phase 1).
+            mbarrier.wait(kv_free.index(slot), ((j // 2) & 1) ^ 1)
+            _gather_tile(kv_ptr, stride_kv, pool, idx_n, idx_r, k_nope.index(slot), k_rope.index(slot),
+                         D_NOPE, D_ROPE, gather_n, gather_r)
+            _async_copy.mbarrier_arrive(kv_ready.index(slot), increment_count=False)
+            n_next = start + (j + 1) * BLOCK_N
+            idx_n = _load_indices(idx_row_ptr, n_next, end, BLOCK_N, gl.SliceLayout(1, gather_n))
+            idx_r = _load_indices(idx_row_ptr, n_next, end, BLOCK_N, gl.SliceLayout(1, gather_r))
 
-    idx_n = _load_indices(idx_row_ptr, start, end, BLOCK_N, gl.SliceLayout(1, gather_n))
-    idx_r = _load_indices(idx_row_ptr, start, end, BLOCK_N, gl.SliceLayout(1, gather_r))
+
+@gluon.jit
+def _produce_fp8(kv_ptr, stride_kv, pool, idx_row_ptr, start, end, n_tiles, k_raw, k_rope_bits, k_scale,
+                 kv_ready, kv_free, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr):
+    """The producer's loop for 656-byte FP8 tokens, the bf16 loop's twin: per tile, ``cp.async``
+    the 512 FP8 bytes into the upper half of the slot's nope tile (``k_raw``: its bytes as
+    uint8), the 4 float32 scales into ``k_scale`` (``[4, BLOCK_N]``: block-major, one 4-byte copy
+    each) and the 64 bf16 rope values into the rope tile
+    (``k_rope_bits``: its bytes as bf16), completing on the slot's ``ready`` barrier. The tile's
+    owner dequantises it in place (:func:`_dequantise_tile`) before its scores."""
+    gather_8: gl.constexpr = gl.BlockedLayout(  # [BLOCK_N, 512] bytes, 16 per copy
+        size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0])
+    gather_r: gl.constexpr = gl.BlockedLayout(  # [BLOCK_N, 64] bf16, 8 per copy
+        size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0])
+    gather_c: gl.constexpr = gl.BlockedLayout(  # [4, BLOCK_N] f32 (block-major), one per copy
+        size_per_thread=[1, 1], threads_per_warp=[1, 32], warps_per_cta=[4, 1], order=[1, 0])
+    idx_n = _load_indices(idx_row_ptr, start, end, BLOCK_N, gl.SliceLayout(1, gather_8))
+    idx_c = _load_indices(idx_row_ptr, start, end, BLOCK_N, gl.SliceLayout(0, gather_c))
     for j in range(0, n_tiles):
         slot = j % 2
-        # Slot free: both consumers are done with tile j - 2 (a fresh barrier passes phase 1).
         mbarrier.wait(kv_free.index(slot), ((j // 2) & 1) ^ 1)
-        _gather_tile(kv_ptr, stride_kv, pool, idx_n, idx_r, k_nope.index(slot), k_rope.index(slot),
-                     D_NOPE, D_ROPE, gather_n, gather_r)
+        _gather_fp8(kv_ptr, stride_kv, pool, idx_n, idx_c, k_raw.index(slot).slice(D_NOPE, D_NOPE, dim=1),
+                    k_rope_bits.index(slot), k_scale.index(slot), D_NOPE, D_ROPE, gather_8, gather_r, gather_c)
         _async_copy.mbarrier_arrive(kv_ready.index(slot), increment_count=False)
         n_next = start + (j + 1) * BLOCK_N
-        idx_n = _load_indices(idx_row_ptr, n_next, end, BLOCK_N, gl.SliceLayout(1, gather_n))
-        idx_r = _load_indices(idx_row_ptr, n_next, end, BLOCK_N, gl.SliceLayout(1, gather_r))
+        idx_n = _load_indices(idx_row_ptr, n_next, end, BLOCK_N, gl.SliceLayout(1, gather_8))
+        idx_c = _load_indices(idx_row_ptr, n_next, end, BLOCK_N, gl.SliceLayout(0, gather_c))
+
+
+@gluon.jit
+def _gather_fp8(kv_ptr, stride_kv, pool, idx_n, idx_c, raw_dst, kr_bits, sc_slot,
+                D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
+                gather_8: gl.constexpr, gather_r: gl.constexpr, gather_c: gl.constexpr):
+    """cp.async the tokens ``idx`` (``idx_n``, ``idx_c``: the same indices in two layouts) into
+    one slot: FP8 bytes ``[BLOCK_N, 512]`` into ``raw_dst``, the rope ``[BLOCK_N, 64]`` bf16 into
+    ``kr_bits``, the scales ``[4, BLOCK_N]`` f32 (block-major). A token outside ``[0, pool)`` reads nothing:
+    zeros."""
+    valid_n = (idx_n >= 0) & (idx_n < pool)
+    rows_n = gl.where(valid_n, idx_n, 0).to(gl.int64) * stride_kv
+    cols_n = gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, gather_8))
+    _async_load(raw_dst, kv_ptr + rows_n[:, None] + cols_n[None, :], mask=valid_n[:, None])
+    rows_r = gl.convert_layout(rows_n, gl.SliceLayout(1, gather_r))
+    rope = (kv_ptr + rows_r + FP8_ROPE_OFFSET).to(gl.pointer_type(gl.bfloat16))
+    cols_r = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, gather_r))
+    _async_load(kr_bits, rope[:, None] + cols_r[None, :],
+                mask=gl.convert_layout(valid_n, gl.SliceLayout(1, gather_r))[:, None])
+    valid_c = (idx_c >= 0) & (idx_c < pool)
+    rows_c = gl.where(valid_c, idx_c, 0).to(gl.int64) * stride_kv
+    scales = (kv_ptr + rows_c + FP8_SCALE_OFFSET).to(gl.pointer_type(gl.float32))
+    blocks = gl.arange(0, 4, layout=gl.SliceLayout(1, gather_c))
+    _async_load(sc_slot, scales[None, :] + blocks[:, None], mask=valid_c[None, :])
+
+
+@gluon.jit
+def _dequantise_block(kn, sc_rows, slot, b: gl.constexpr, x, conv: gl.constexpr):
+    """Block ``b``'s FP8 values ``x`` ``[BLOCK_N, 128]`` times the tokens' block scale (row
+    ``slot * 4 + b`` of ``sc_rows``), stored in ``kn``'s dtype to ``kn``'s columns of block ``b``."""
+    scale = sc_rows.index(slot * 4 + b).load(gl.SliceLayout(1, conv))  # [BLOCK_N]
+    v = (x.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scale[:, None]).to(kn.dtype)
+    kn.slice(b * FP8_BLOCK, FP8_BLOCK, dim=1).store(v)
+
+
+@gluon.jit
+def _dequantise_tile(t, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope,
+                     BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr):
+    """Consumer side, once tile ``t`` has landed: its FP8 bytes, in ``raw``'s columns
+    ``[512, 1024)`` (the upper half of the very bytes of the nope tile), become
+    ``kn[:, 128 b + c] = dtype(float32(fp8[:, 128 b + c]) * scale[:, b])`` in place; with fp16 q
+    the bf16 rope is rounded to fp16 in place. Both views share one 128-byte swizzle, so a
+    128-byte chunk of one is the same bytes in the other: block ``b``'s bytes are chunk
+    ``4 + b``, its values land in chunks ``2b`` and ``2b + 1``. Blocks 0 and 1 write where no
+    FP8 byte is; blocks 2 and 3 are loaded first and written after a barrier (every thread has
+    read every FP8 byte by then). Ends with the fence and barrier the scores' wgmma needs."""
+    slot = t % 2
+    mbarrier.wait(kv_ready.index(slot), (t // 2) & 1)
+    conv: gl.constexpr = gl.BlockedLayout(  # [BLOCK_N, 128] bytes: 16 per thread per 16 rows
+        size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0])
+    raw = k_raw.index(slot)
+    kn = k_nope.index(slot)
+    # Loads in pairs: the compiler puts a barrier between shared loads and stores of views it
+    # cannot tell apart (these alias), so fewer alternations cost fewer barriers.
+    x0 = raw.slice(D_NOPE, FP8_BLOCK, dim=1).load(conv)
+    x1 = raw.slice(D_NOPE + FP8_BLOCK, FP8_BLOCK, dim=1).load(conv)
+    _dequantise_block(kn, k_scale_rows, slot, 0, x0, conv)
+    _dequantise_block(kn, k_scale_rows, slot, 1, x1, conv)
+    x2 = raw.slice(D_NOPE + 2 * FP8_BLOCK, FP8_BLOCK, dim=1).load(conv)
+    x3 = raw.slice(D_NOPE + 3 * FP8_BLOCK, FP8_BLOCK, dim=1).load(conv)
+    _cta_barrier()  # every FP8 byte read: blocks 2 and 3 overwrite them
+    _dequantise_block(kn, k_scale_rows, slot, 2, x2, conv)
+    _dequantise_block(kn, k_scale_rows, slot, 3, x3, conv)
+    if k_rope.dtype != gl.bfloat16:  # each thread rewrites the values it read: no barrier needed
+        rl: gl.constexpr = gl.BlockedLayout(
+            size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0])
+        rope = k_rope_bits.index(slot).load(rl)
+        k_rope.index(slot).store(rope.to(k_rope.dtype))
+    fence_async_shared()  # the dequantised tile (generic stores) before wgmma reads it (async proxy)
+    _cta_barrier()  # ... every thread's stores, before this warpgroup's scores
 
 
 @gluon.jit
@@ -153,10 +272,10 @@ def _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
               H, pool, qk_scale, row, hb, split, start, end, n_tiles,
               stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-              DIRECT: gl.constexpr, WG: gl.constexpr):
+              DIRECT: gl.constexpr, KV_FP8: gl.constexpr, WG: gl.constexpr):
     """Consumer warpgroup ``WG`` (0 or 1): scores and softmax of tiles ``t % 2 == WG``, output
     columns ``[WG * 256, WG * 256 + 256)`` of every tile."""
-    q_nope, q_rope, k_nope, k_rope, stat_m, stat_l = smem
+    q_nope, q_rope, k_nope, k_rope, stat_m, stat_l, k_raw, k_scale, k_rope_bits, k_scale_rows = smem
     q_ready, kv_ready, kv_free, p_ready, l_ready = bars
     HALF: gl.constexpr = D_NOPE // 2
     OTHER: gl.constexpr = 1 - WG
@@ -179,6 +298,8 @@ def _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
     if WG == 0:
         if n_tiles > 0:
             idx_s = _load_indices(idx_row_ptr, start, end, BLOCK_N, idx_layout)
+            if KV_FP8:
+                _dequantise_tile(0, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope, BLOCK_N, D_NOPE, D_ROPE)
             s = _issue_scores(q_nope, q_rope, k_nope, k_rope, kv_ready, 0, (n_tiles < 0).to(gl.int32), s_layout,
                               BLOCK_H, BLOCK_N)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
@@ -188,6 +309,8 @@ def _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
         # My tile's indices load while I wait for the other's P (off the softmax's path).
         idx_s = _load_indices(idx_row_ptr, start + t * BLOCK_N, end, BLOCK_N, idx_layout)
         m, l, acc = _other_tile(t - 1, m, l, acc, k_nope, k_rope, stat_m, p_ready, row_s, row_o, HALF, WG)
+        if KV_FP8:  # my tile's FP8 bytes, dequantised while the other's P V runs
+            _dequantise_tile(t, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope, BLOCK_N, D_NOPE, D_ROPE)
         # Release the other's tile before my scores wait for the slot the producer refills
         # (issuing them first, right behind the other's P V, measured 1.2x slower: with two
         # slots that gather then starts a tile later).
@@ -234,13 +357,13 @@ def _consumer0(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_p
                H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
                BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-               DIRECT: gl.constexpr):
+               DIRECT: gl.constexpr, KV_FP8: gl.constexpr):
     """Worker partition: consumer warpgroup 0 (worker partitions take the producer's arguments).
     Two functions, not one called twice: with one, ptxas added a wgmma fence in both copies."""
     _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
               H, pool, qk_scale, row, hb, split, start, end, n_tiles,
               stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-              BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 0)
+              BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 0)
 
 
 @gluon.jit
@@ -248,12 +371,12 @@ def _consumer1(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_p
                H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
                BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-               DIRECT: gl.constexpr):
+               DIRECT: gl.constexpr, KV_FP8: gl.constexpr):
     """Worker partition: consumer warpgroup 1."""
     _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
               H, pool, qk_scale, row, hb, split, start, end, n_tiles,
               stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-              BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 1)
+              BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 1)
 
 
 @gluon.jit
@@ -263,16 +386,20 @@ def _flashmla_ws_kernel(
     stride_qr, stride_qh, stride_kv, stride_ir,
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-    STAGES: gl.constexpr, DIRECT: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr = 0,
+    STAGES: gl.constexpr, DIRECT: gl.constexpr, KV_FP8: gl.constexpr = 0, LAUNCH_DEPENDENTS: gl.constexpr = 0,
 ):
     """Arguments, grid and outputs as ``_flashmla_split_kernel`` (graphattn.kernels.flashmla);
-    launch with ``num_warps=4`` and ``maxnreg=168`` (12 warps run: producer, two consumers)."""
+    launch with ``num_warps=4`` and ``maxnreg=168`` (12 warps run: producer, two consumers).
+    ``KV_FP8=1``: ``kv_ptr`` holds 656-byte e4m3fn tokens ``[pool, 656]`` uint8 (``stride_kv``
+    in bytes, a multiple of 16), dequantised to q's dtype by the producer."""
     gl.static_assert(BLOCK_H == 64, "one wgmma M tile of heads per program")
     gl.static_assert(BLOCK_N == 64, "P [64 heads, BLOCK_N] reuses a tile's [BLOCK_N, 64] rope columns")
     gl.static_assert(D_ROPE == BLOCK_N, "P [64 heads, BLOCK_N] reuses a tile's [BLOCK_N, 64] rope columns")
     gl.static_assert(STAGES == 2, "two KV slots (with q they fill the shared memory)")
     gl.static_assert(gl.num_warps() == 4, "the default partition is one consumer warpgroup")
-    dtype: gl.constexpr = kv_ptr.dtype.element_ty
+    gl.static_assert((KV_FP8 == 0) | (KV_FP8 == 1), "sm_90 FP8 tokens are e4m3fn")
+    gl.static_assert((KV_FP8 == 0) | (D_NOPE == 4 * FP8_BLOCK), "four scale blocks of 128 values")
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
 
     if LAUNCH_DEPENDENTS:  # the combine (a programmatic dependent launch) may start its programs
         _launch_dependents()
@@ -293,6 +420,32 @@ def _flashmla_ws_kernel(
     kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     p_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     l_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    if KV_FP8:
+        # The FP8 bytes land in the upper half of the nope tile they are dequantised into; the
+        # scales get their own small ring (2 KB: shared memory has room for nothing larger).
+        raw_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+        if _NEW_REINTERPRET:
+            k_raw = k_nope.reinterpret(gl.uint8, [STAGES, BLOCK_N, 2 * D_NOPE], raw_layout)
+        else:
+            k_raw = k_nope._reinterpret(gl.uint8, [STAGES, BLOCK_N, 2 * D_NOPE], raw_layout)
+        k_scale = gl.allocate_shared_memory(gl.float32, [STAGES, 4, BLOCK_N], gl.SwizzledSharedLayout(
+            vec=1, per_phase=1, max_phase=1, order=[1, 0]))  # block-major: a block's scales are one row
+        # ... which the consumers load as one [BLOCK_N] row (slot * 4 + block) of this view.
+        rows_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        if _NEW_REINTERPRET:
+            k_scale_rows = k_scale.reinterpret(gl.float32, [STAGES * 4, BLOCK_N], rows_layout)
+        else:
+            k_scale_rows = k_scale._reinterpret(gl.float32, [STAGES * 4, BLOCK_N], rows_layout)
+        # The rope arrives as bf16 bits; fp16 q rounds it in place (same layout, same size).
+        if _NEW_REINTERPRET:
+            k_rope_bits = k_rope.reinterpret(gl.bfloat16, [STAGES, BLOCK_N, D_ROPE], smem_layout)
+        else:
+            k_rope_bits = k_rope._reinterpret(gl.bfloat16, [STAGES, BLOCK_N, D_ROPE], smem_layout)
+    else:
+        k_raw = k_nope
+        k_scale = stat_m
+        k_scale_rows = stat_m
+        k_rope_bits = k_rope
     mbarrier.init(q_ready, count=128)  # one cp.async arrival per producer thread
     for i in gl.static_range(STAGES):
         mbarrier.init(kv_ready.index(i), count=128)
@@ -301,7 +454,7 @@ def _flashmla_ws_kernel(
     for i in gl.static_range(2):
         mbarrier.init(l_ready.index(i), count=1)
 
-    smem = (q_nope, q_rope, k_nope, k_rope, stat_m, stat_l)
+    smem = (q_nope, q_rope, k_nope, k_rope, stat_m, stat_l, k_raw, k_scale, k_rope_bits, k_scale_rows)
     bars = (q_ready, kv_ready, kv_free, p_ready, l_ready)
     # One argument tuple per partition, written out: a tuple built with `+` in a kernel loses
     # its constexprs.
@@ -309,13 +462,13 @@ def _flashmla_ws_kernel(
         (_producer, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                      H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                      stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT)),
+                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8)),
         (_consumer0, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                       H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                       stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                      stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT)),
+                      stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8)),
         (_consumer1, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                       H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                       stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                      stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT)),
+                      stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8)),
     ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])

@@ -90,7 +90,7 @@ class CaseContext:
 
 def assert_matches_reference(ctx: CaseContext, step: int, q, kv, indices, out, lse) -> None:
     """Compare ``out``/``lse`` with the float64 reference at the dtype's tolerance (FP8 kv:
-    against the reference of the dequantised cache, at the FP8 tolerance)."""
+    against the reference of the cache dequantised into q's dtype, at the same tolerance)."""
     rows, heads = q.shape[0], q.shape[1]
     where = f"{ctx.label} step {step} ({rows} rows)"
     expected_out = (rows, heads, D_V)

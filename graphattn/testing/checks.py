@@ -75,7 +75,7 @@ def check_case(
         dtype: q/kv dtype (default: :func:`pick_dtype`).
         sanitize: replay through the capture sanitizer (graph modes).
         kv_dtype: the KV layout: ``"auto"`` (kv in q's dtype) or ``"fp8"`` (656-byte FP8 tokens,
-            checked against the reference of the dequantised cache at the FP8 tolerance).
+            checked against the reference of the cache dequantised into q's dtype).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")

@@ -23,8 +23,8 @@ Options (aliases in brackets, where free):
                               default bf16 on a GPU and fp16 under the Triton interpreter.
     --graphattn-kv-dtype KV   [--conformance-kv-dtype] ``auto`` (kv in q's dtype, the default)
                               or ``fp8`` (656-byte FP8 tokens, against the reference of the
-                              dequantised cache; backends that do not take the layout are
-                              skipped with their reason).
+                              cache dequantised into q's dtype; backends that do not take the
+                              layout are skipped with their reason).
     --graphattn-device DEVICE [--conformance-device] where the suite's tensors, metadata and
                               graphs live, e.g. ``cuda:1`` (current device or not; the current
                               one stays as it is). Default: the platform's device.
@@ -57,7 +57,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "--graphattn-kv-dtype": dict(
         dest="graphattn_kv_dtype", choices=("auto", "fp8"), default="auto",
         help="KV-cache layout of the graphattn conformance suite: auto (kv in q's dtype) or fp8 "
-        "(656-byte FP8 tokens, checked against the reference of the dequantised cache)"),
+        "(656-byte FP8 tokens, checked against the reference of the cache dequantised into q's dtype)"),
     "--graphattn-device": dict(
         dest="graphattn_device", default=None, metavar="DEVICE",
         help="device of the graphattn conformance suite, e.g. cuda:1 (any index, current or not; "
