@@ -357,7 +357,8 @@ def test_graph_runner_captures_see_the_ops_and_breaks_use_private_graphs():
     md = backend.make_metadata(4)
     kv = make_kv(backend)
     static = {"q": torch.zeros(4, HEADS, 576, dtype=backend.dtype)}
-    full = GraphRunner(lambda q: backend.forward(q * 1, kv, md), static, metadata=md, buckets=(4,))
+    full = GraphRunner(lambda q: backend.forward(q * 1, kv, md), static, metadata=md, buckets=(4,),
+                       platform=backend.platform)  # the emulator, on a GPU machine too
     full.capture()
     for step in range(3):
         q, idx = make_step(backend, 3)
@@ -367,7 +368,8 @@ def test_graph_runner_captures_see_the_ops_and_breaks_use_private_graphs():
     expect(backend, captures=0)
 
     attention = eager_on_graph(backend.forward, out="out")
-    breakable = GraphRunner(lambda q: attention(q * 1, kv, md), static, metadata=md, buckets=(4,), mode="breakable")
+    breakable = GraphRunner(lambda q: attention(q * 1, kv, md), static, metadata=md, buckets=(4,), mode="breakable",
+                            platform=backend.platform)
     backend.plan(md, make_step(backend, 4)[1])
     breakable.capture()
     for step in range(4):
