@@ -23,13 +23,19 @@ TINY = ["--heads", "16", "--topk", "32", "--pool-tokens", "128", "--batch-sizes"
         "--layers", "2", "--measure-layers", "2", "--iters", "2", "--warmup", "1"]
 
 
+def _run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **env)
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
 def _bench_tp(tmp_path: Path, env: dict[str, str], *args: str) -> dict:
     path = tmp_path / "tp.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **env)
-    proc = subprocess.run([sys.executable, "-m", "graphattn", "bench", "--tp", "2", *TINY, *args,
-                           "--json", str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = _run(["-m", "graphattn", "bench", "--tp", "2", *TINY, *args, "--json", str(path)], env)
     assert proc.returncode == 0, f"graphattn bench --tp 2 exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
     assert "tensor parallel: 2 ranks" in proc.stdout and "us/layer per rank:" in proc.stdout
+    # Every rank freed its group before exiting (else gloo's threads end in the exit's
+    # destructors, which aborted rank 0 now and then: see destroy_group).
+    assert "outlived destroy_process_group" not in proc.stderr, proc.stderr
     return json.loads(path.read_text())
 
 
@@ -61,6 +67,40 @@ def test_tp2_on_two_gpus_with_nccl(tmp_path, backend):
     report = _bench_tp(tmp_path, {}, "--attn-backend", backend, "--dtype", "bfloat16")
     _assert_tp_report(report, backend, "nccl")
     assert [r["device"] for r in report["ranks"]] == ["cuda:0", "cuda:1"]
+
+
+# One rank (a world of one, gloo) in a fresh interpreter: torch._dynamo not imported yet, as in a
+# spawned rank. The first TorchDispatchMode imports it, and with it torch.distributed.nn.functional,
+# whose defaults bind group.WORLD; destroy_group must still free the group.
+_TEARDOWN = """
+import json, sys, torch, torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+from graphattn.bench.tp import destroy_group, init_group
+
+class Mode(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+tmp, freed = sys.argv[1], {}
+assert "torch._dynamo" not in sys.modules, "imported before any group: nothing left to test"
+init_group("gloo", f"file://{tmp}/a", 0, 1, None)
+with Mode():  # what the CPU graph emulator's capture does
+    dist.all_reduce(torch.ones(2))
+freed["after_dispatch_mode"] = destroy_group(0)
+freed["dynamo_imported"] = "torch._dynamo" in sys.modules
+init_group("gloo", f"file://{tmp}/b", 0, 1, None)
+held = [dist.group.WORLD]  # something that keeps the group: destroy_group must say so
+freed["held"] = destroy_group(0)
+print(json.dumps(freed))
+"""
+
+
+def test_destroy_group_frees_the_group_after_a_dispatch_mode(tmp_path):
+    proc = _run(["-c", _TEARDOWN, str(tmp_path)], {})
+    assert proc.returncode == 0, f"exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    freed = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert freed == {"after_dispatch_mode": True, "dynamo_imported": True, "held": False}, proc.stderr
+    assert proc.stderr.count("outlived destroy_process_group") == 1, proc.stderr  # the held group only
 
 
 @pytest.mark.parametrize("argv, message", [

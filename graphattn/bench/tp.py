@@ -26,15 +26,29 @@ rank per point (what a tensor-parallel step costs), then each rank's time. Each 
 attention output and the all-reduced projection against the float64 reference, and the
 projection against a single-process run of all the heads (one backend with every head, on that
 rank's device).
+
+Teardown: every rank meets the others at a barrier after its last collective, then destroys its
+group, on success and on error alike, and checks that the group is gone (:func:`destroy_group`):
+its backend's threads and sockets must end there, while the interpreter is whole, not in the
+destructors that run at its exit (gloo then aborted rank 0 with "terminate called without an
+active exception" after the report was complete: 2 of 40 CPU runs on two loaded cores).
+``torch.distributed.nn.functional`` is imported before the group is made (:func:`init_group`):
+it binds ``group.WORLD`` as a default argument of its functions when it is first imported, and
+``torch._dynamo`` imports it on the first ``TorchDispatchMode`` (the CPU graph emulator's first
+capture), which kept the default group alive past ``destroy_process_group()``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
+import importlib
 import json
 import os
+import sys
 import tempfile
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -223,7 +237,7 @@ def run_rank_process(rank: int, local_rank: int, world: int, init: str, req: Ben
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # the ranks share the cores
     backend = dist_backend(platform)
-    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world, device_id=device)
+    init_group(backend, init, rank, world, device)
     try:
         # The first collective creates NCCL's communicator: never inside a capture.
         dist.all_reduce(torch.zeros(1, device=platform.device))
@@ -231,15 +245,54 @@ def run_rank_process(rank: int, local_rank: int, world: int, init: str, req: Ben
         report = run_rank(req, platform, rank, world)
         reports: list[Any] = [None] * world
         dist.all_gather_object(reports, report)
-        # Every rank past its last collective before any rank tears its group down: gloo
-        # aborted a rank ("terminate called without an active exception", about one CPU run
-        # in eight) whose peer destroyed the group while its own gather was finishing.
+        # Every rank past its last collective before any rank tears its group down (a peer's
+        # closed sockets must not meet a collective still in flight here).
         dist.barrier()
     finally:
-        dist.destroy_process_group()
+        destroy_group(rank)
     if rank != 0:
         return None
     return combine_reports(reports, req, {"world_size": world, "dist_backend": backend, "launcher": launcher})
+
+
+# Modules that bind ``group.WORLD`` (the default group, or ``None`` before there is one) as a
+# default argument when they are first imported: imported after ``init_process_group`` they hold
+# the group for good. ``torch._dynamo`` imports this one lazily (through torch.distributed._shard),
+# on the first ``TorchDispatchMode`` of the process: the CPU graph emulator's first capture.
+GROUP_DEFAULT_MODULES = ("torch.distributed.nn.functional",)
+
+
+def init_group(backend: str, init: str, rank: int, world: int, device: torch.device | None) -> None:
+    """``dist.init_process_group``, after importing :data:`GROUP_DEFAULT_MODULES` (so that their
+    defaults bind ``None``, not the group that :func:`destroy_group` must free)."""
+    for name in GROUP_DEFAULT_MODULES:
+        importlib.import_module(name)
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world, device_id=device)
+
+
+def destroy_group(rank: int) -> bool:
+    """``dist.destroy_process_group()``, then check that it freed the default group (its backend
+    joins its threads and closes its sockets then, while the interpreter is whole). A group that
+    something still holds lives on until the interpreter's exit tears it down, which gloo survives
+    only by luck (an abort, "terminate called without an active exception"): that is said on
+    stderr. Returns True when the group is gone."""
+    group = weakref.ref(dist.group.WORLD)
+    dist.destroy_process_group()
+    gc.collect()
+    if group() is None:
+        return True
+    print(f"graphattn bench rank {rank}: warning: the process group outlived destroy_process_group() "
+          f"(still held by {_holders(group())}); its threads and sockets end only at interpreter exit",
+          file=sys.stderr, flush=True)
+    return False
+
+
+def _holders(obj: Any) -> str:
+    """What refers to ``obj``: the gc-tracked referrers' types and its reference count (function
+    defaults hold it in tuples the gc does not track)."""
+    kinds = sorted({type(r).__name__ for r in gc.get_referrers(obj)} - {"frame"})
+    n = sys.getrefcount(obj) - 2  # less getrefcount's argument and the caller's
+    return f"{n} reference{'s' * (n != 1)}; tracked referrers: {', '.join(kinds) or 'none'}"
 
 
 def _spawned(rank: int, req: BenchRequest, init: str, result_path: str) -> None:
