@@ -248,50 +248,83 @@ def test_kv_freed_and_made_again_is_not_replayed_stale():
 
 def test_cache_bounds():
     """Shapes (each holding static q/out/lse), their bytes, graphs per shape and keys seen once
-    are bounded, least recently used first out; an evicted key starts over (ops, then capture)."""
-    backend = make()
-    graphs = backend._graphs
-    graphs.max_shapes = 2
-    md = backend.make_metadata(4)
-    kv = make_kv(backend)
-    q, idx = make_step(backend, 4)
+    are bounded. Past a bound every graph goes at once, before the next capture, never one graph
+    alone (destroying a graph frees its capture stream's cuBLAS workspace, which the others
+    captured there still use); a dropped key starts over (ops, then capture)."""
 
-    def call(rows, kv=kv):
-        backend.plan(md, idx[:rows])
-        check_reference(f"{rows} rows", backend, q[:rows], kv, idx[:rows], *backend.forward(q[:rows], kv, md))
+    def setup(**bounds):
+        backend = make()
+        for name, value in bounds.items():
+            setattr(backend._graphs, name, value)
+        md = backend.make_metadata(4)
+        kv = make_kv(backend)
+        q, idx = make_step(backend, 4)
 
-    for rows in (1, 2, 3):
+        def call(rows, kv=kv):
+            backend.plan(md, idx[:rows])
+            check_reference(f"{rows} rows", backend, q[:rows], kv, idx[:rows], *backend.forward(q[:rows], kv, md))
+
+        return backend, call
+
+    backend, call = setup(max_shapes=2)
+    for rows in (1, 2):
         call(rows)
         call(rows)
-    expect(backend, shapes=2, graphs=2, captures=3, replays=3)
-    call(2)  # kept (2 and 3 are the most recent)
-    expect(backend, replays=4)
-    call(1)  # evicted: runs the ops, then captures again
-    expect(backend, replays=4)
-    call(1)
-    expect(backend, captures=4, shapes=2)
+    expect(backend, shapes=2, graphs=2, captures=2, replays=2)
+    call(3)
+    call(3)  # a third shape: every shape and graph goes before its capture
+    expect(backend, "past max_shapes", shapes=1, graphs=1, captures=3, replays=3)
+    call(1)  # dropped: its key is new again, so the ops run ...
+    expect(backend, captures=3, replays=3)
+    call(1)  # ... and then it is captured again
+    expect(backend, shapes=2, graphs=2, captures=4, replays=4)
 
-    graphs.max_graphs = 2
+    backend, call = setup(max_graphs=2)
     layers = [make_kv(backend) for _ in range(3)]
     for kv_layer in layers:
         call(1, kv_layer)
         call(1, kv_layer)
-    shape_graphs = [len(s.graphs) for s in statics(backend)]
-    assert max(shape_graphs) == 2, f"backend '{NAME}': graphs per shape {shape_graphs}"
+    expect(backend, "past max_graphs: the two graphs went before the third's capture", graphs=1, captures=3)
+    call(1, layers[2])
+    expect(backend, replays=4)
+    call(1, layers[0])  # dropped: ops again
+    expect(backend, captures=3, replays=4)
 
-    graphs.max_static_bytes = 1  # only the newest shape stays
+    backend, call = setup()
+    for rows in (1, 2):
+        call(rows)
+        call(rows)
+    backend._graphs.max_static_bytes = 1
     call(4)
     call(4)
-    expect(backend, "the newest shape only", shapes=1)
+    expect(backend, "past max_static_bytes: the newest shape only", shapes=1, graphs=1)
     assert statics(backend)[0].q.shape[0] == 4, f"backend '{NAME}': kept {statics(backend)[0].q.shape}"
 
-    graphs.max_seen = 2
-    captures = stats(backend)["captures"]
+    backend, call = setup(max_seen=2)
     call(3)  # seen once ...
     call(2)
     call(1)  # ... and forgotten: the next call of 3 rows is a first call again
     call(3)
-    expect(backend, captures=captures)
+    expect(backend, captures=0)
+
+
+def test_isolated_segment_classes_capture_on_streams_of_their_own():
+    """The classes ``Platform.eager_graph_class`` hands out capture on side streams of their own
+    (a runner's graphs use the shared one), with ``capture_error_mode="thread_local"``; each
+    call makes another. Checked on the classes (no GPU needed)."""
+    from graphattn.cuda.graphs import CudaGraphSegment
+    from graphattn.graphs.emulated import EmulatedGraphSegment
+    from graphattn.hip.graphs import HipGraphSegment
+
+    a, b = CudaGraphSegment.isolated(), CudaGraphSegment.isolated()
+    assert issubclass(a, CudaGraphSegment) and a is not b
+    assert a._streams is not b._streams and a._streams is not CudaGraphSegment._streams
+    assert a.stream_key != CudaGraphSegment.stream_key
+    assert a.capture_error_mode == "thread_local" and CudaGraphSegment.capture_error_mode == "global"
+    h = HipGraphSegment.isolated()
+    assert issubclass(h, HipGraphSegment) and h._stream_class._streams is not HipGraphSegment._stream_class._streams
+    assert h._stream_class.capture_error_mode == "thread_local"
+    assert EmulatedGraphSegment.isolated() is EmulatedGraphSegment  # no streams to keep apart
 
 
 def test_buffer_growth_forgets_every_graph():

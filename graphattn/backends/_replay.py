@@ -25,13 +25,18 @@ Memory safety, by construction:
   memory another graph of the pool used for its intermediates, which is harmless because each
   use of a graph (copy in, replay, copy out) is issued back to back on that one stream, so
   replays of one pool never overlap and each copy-out reads its graph's outputs before the next
-  replay runs. The statics live outside the pool (no other graph writes them). Graphs on
-  another stream could run concurrently: they get their own pool. A pool handle is reused only
+  replay runs. The statics live outside the pool (no other graph writes them). Graphs of
+  another caller stream, which may run concurrently, get their own pool and their own capture
+  stream (so their own cuBLAS workspace: torch keys it by stream). A pool handle is reused only
   while a graph of it lives (torch refuses to share a pool whose graphs are all gone).
 * **Lifetime.** Graphs are kept in a :class:`~graphattn.common.buffers.EpochDict`, emptied
   whenever a grow-only buffer replaces its storage; shapes (each with its statics) are bounded
-  in number and bytes, graphs per shape in number, least recently used first out. Nothing
-  global holds a graph and nothing here refers back to the owner: all is freed with it.
+  in number and bytes, graphs per shape in number. Past a bound every graph goes at once, never
+  one alone: torch frees the cuBLAS workspaces of a graph's capture stream when the graph is
+  destroyed (from PR #175276 on; pytorch/pytorch#193402), which the other graphs captured on
+  that stream still hold. These graphs capture on side streams of their own
+  (``Platform.eager_graph_class``), never on a ``GraphRunner``'s. Nothing global holds a graph
+  and nothing here refers back to the owner: all is freed with it.
 
 One owner's eager calls on one stream are issued by one thread at a time (as its metadata's
 ``plan``/``forward`` pairs already are).
@@ -53,6 +58,13 @@ from ..common.platform import current_gpu_index, current_stream_handle
 from ..kernels.launch import direct_launch_allowed
 
 log = logging.getLogger(__name__)
+
+_get_tf32 = getattr(torch._C, "_get_cublas_allow_tf32", None)
+
+
+def _tf32() -> bool:
+    """Whether float32 matmuls may use TF32 now (``torch.backends.cuda.matmul.allow_tf32``)."""
+    return bool(_get_tf32()) if _get_tf32 is not None else False
 
 # attend(q [rows, heads, 576], kv, indices [rows, topk]) -> (out [rows, heads, 512] f32 or q's
 # dtype, lse [rows, heads] f32): the ops a graph captures.
@@ -76,8 +88,8 @@ class _Pool:
 
 
 class _Shape:
-    """The statics of one (device, stream, q shape and dtype) and its graphs (least recently
-    used first).
+    """The statics of one (device, stream, q shape and dtype) and its graphs (most recently
+    used last).
 
     Fields: ``q`` ``[rows, heads, 576]`` (q's dtype), ``out`` ``[rows, heads, 512]`` (q's dtype),
     ``lse`` ``[rows, heads]`` float32, all outside any graph pool; ``graphs``: call key ->
@@ -102,7 +114,8 @@ class EagerGraphs:
 
     Args:
         segment_class: the platform's graph segment class (``Platform.eager_graph_class()``;
-            the CPU emulator's in tests).
+            the CPU emulator's in tests); each caller stream captures with its ``isolated()``
+            subclass.
         owner: the backend's name, for the log.
 
     Attributes:
@@ -116,9 +129,10 @@ class EagerGraphs:
         self.segment_class, self.owner = segment_class, owner
         self.max_shapes, self.max_static_bytes = MAX_SHAPES, MAX_STATIC_BYTES
         self.max_graphs, self.max_seen = MAX_GRAPHS_PER_SHAPE, MAX_SEEN
-        self._shapes = EpochDict()  # (device, stream, q shape, q dtype) -> _Shape, LRU first
+        self._shapes = EpochDict()  # (device, stream, q shape, q dtype) -> _Shape, most recently used last
         self._seen = EpochDict()  # (shape key, call key) -> None
         self._pools: weakref.WeakValueDictionary[tuple[int, int], _Pool] = weakref.WeakValueDictionary()
+        self._classes: dict[tuple[int, int], type] = {}  # (device, caller stream) -> segment class
         self.captures = self.replays = 0
         self.failed: str | None = None
 
@@ -148,6 +162,8 @@ class EagerGraphs:
             return None
         elif shape is None:
             shape = self._new_shape(shapes, shape_key, q)
+        if graph is None and len(shape.graphs) >= self.max_graphs:
+            self._drop_graphs(shapes)  # all of them, before the next capture (see _drop_graphs)
         shape.q.copy_(q)  # before a capture too: its warm-up (and the emulator's capture) runs the ops
         if graph is None:
             graph = self._capture(attend, shapes, shape_key, shape, call_key, kv, indices)
@@ -180,9 +196,10 @@ class EagerGraphs:
             stream = current_stream_handle(index)
         else:
             return None  # segments capture and replay on the current device
+        # TF32 for float32 matmuls is fixed into the cuBLAS kernels a capture records.
         return ((index, stream, q.shape, q.dtype),
                 (kv.data_ptr(), kv.shape, kv.stride(), kv.dtype,
-                 indices.data_ptr(), indices.shape, indices.stride()))
+                 indices.data_ptr(), indices.shape, indices.stride(), _tf32()))
 
     def stats(self) -> dict[str, int]:
         """Shapes and graphs kept now, captures and replays so far."""
@@ -202,12 +219,25 @@ class EagerGraphs:
         return False
 
     def _new_shape(self, shapes: dict, key: Hashable, q: torch.Tensor) -> _Shape:
-        """A shape's statics, kept last; the least recently used others go past the bounds."""
-        shape = shapes[key] = _Shape(q)
-        total = sum(s.nbytes for s in shapes.values())
-        while len(shapes) > 1 and (len(shapes) > self.max_shapes or total > self.max_static_bytes):
-            total -= shapes.pop(next(iter(shapes))).nbytes
+        """A shape's statics, kept last. Past the bounds every other shape goes, with all the
+        graphs there are (:meth:`_drop_graphs`), before this shape's first capture."""
+        shape = _Shape(q)
+        total = shape.nbytes + sum(s.nbytes for s in shapes.values())
+        if shapes and (len(shapes) + 1 > self.max_shapes or total > self.max_static_bytes):
+            self._drop_graphs(shapes)
+            shapes.clear()
+        shapes[key] = shape
         return shape
+
+    def _drop_graphs(self, shapes: dict) -> None:
+        """Drop every graph at once (the shapes' statics stay), never one graph while others
+        of this object live: destroying a graph frees the cuBLAS workspaces of the stream it was
+        captured on (torch from PR #175276 on, pytorch/pytorch#193402), which the other graphs
+        captured there still use. This object's graphs capture on streams of their own
+        (``Platform.eager_graph_class``), so dropping them all, before the next capture
+        allocates a fresh workspace, leaves no graph with a freed one."""
+        for shape in shapes.values():
+            shape.graphs.clear()
 
     def _capture(self, attend: Attend, shapes: dict, shape_key: tuple, shape: _Shape,
                  call_key: Hashable, kv: torch.Tensor, indices: torch.Tensor) -> Any:
@@ -215,8 +245,11 @@ class EagerGraphs:
         ``None`` (and capturing given up) when the capture raised."""
         pool_key = shape_key[:2]
         pool = self._pools.get(pool_key)
+        cls = self._classes.get(pool_key)
+        if cls is None:  # per caller stream: its own capture stream, so its own cuBLAS workspace
+            cls = self._classes[pool_key] = self.segment_class.isolated()
         try:
-            segment = self._record(attend, shape, kv, indices, None if pool is None else pool.handle)
+            segment = self._record(cls, attend, shape, kv, indices, None if pool is None else pool.handle)
         except Exception as exc:  # an optimisation: the ops still run (and raise if the call is wrong)
             self._give_up(exc)
             return None
@@ -224,17 +257,13 @@ class EagerGraphs:
             pool = self._pools[pool_key] = _Pool(segment.pool)
         graph = (segment.replay, pool)
         if shapes.get(shape_key) is shape and self._shapes.is_current():
-            graphs = shape.graphs
-            graphs[call_key] = graph
-            if len(graphs) > self.max_graphs:
-                del graphs[next(iter(graphs))]
+            shape.graphs[call_key] = graph  # within max_graphs: run() dropped them all first if not
         self.captures += 1
         return graph
 
-    def _record(self, attend: Attend, shape: _Shape, kv: torch.Tensor, indices: torch.Tensor,
+    def _record(self, cls: type, attend: Attend, shape: _Shape, kv: torch.Tensor, indices: torch.Tensor,
                 pool: Any) -> Any:
-        """Warm up on the capture stream, then capture ``attend`` writing the static outputs."""
-        cls = self.segment_class
+        """Warm up on ``cls``'s capture stream, then capture ``attend`` writing the static outputs."""
         # Normal tensors throughout, whatever mode the caller is in: a graph captured under
         # inference_mode replays for calls outside it too.
         with torch.inference_mode(False), torch.no_grad():

@@ -25,11 +25,13 @@ from .base import AttentionBackend, GraphSupport
 # Bytes of gathered float32 KV per chunk: bounds the transient memory of one call (the gather is
 # [chunk_rows, topk, 576] float32) while keeping the number of launched ops small.
 _GATHER_BUDGET_BYTES = 256 << 20
-# Calls whose float32 gather plus q/out/lse take more run op by op: their ops keep the GPU busy
-# about as long as launching them keeps the host or longer (estimated ~100 µs of device time at
-# this size on an H200, against ~200 µs of host time for ~20 launches), and the private graphs'
-# pool would keep the intermediates of its largest call reserved.
-_GRAPH_BUDGET_BYTES = 64 << 20
+# Calls whose intermediates and statics take more run op by op: their ops keep the GPU busy
+# about as long as launching them keeps the host or longer (the H200: 8 rows x 128 heads x topk
+# 2048 took ~300 µs of GPU time against ~240 µs of host time op by op), and the private graphs'
+# pool keeps the intermediates of its largest call reserved. Counted per row: the gathered KV
+# twice over (kv's dtype or FP8 bytes, then float32; the FP8 path's dequantised copies fit in
+# that), the [heads, topk] float32 scores and weights, and the static q, out and lse.
+_GRAPH_BUDGET_BYTES = 128 << 20
 GRAPHS_ENV = "GRAPHATTN_TORCH_GRAPHS"
 # Read once at import: private graphs for eager calls on a GPU, unless off (0/false/no/off).
 # Any other value raises when the backend is loaded: a typo must not silently change the path.
@@ -53,7 +55,7 @@ class TorchBackend(AttentionBackend):
         # The private graphs of eager calls (None: every call runs its ops; no GPU, or off).
         self._graphs = EagerGraphs(segment_class, self.name) if segment_class is not None else None
         # Rows of the calls that may use them: gather and statics (q, out, lse) in budget.
-        per_row = (self.topk * D_QK + self.num_heads * (D_QK + D_V + 1)) * 4
+        per_row = (2 * self.topk * D_QK + 2 * self.num_heads * self.topk + self.num_heads * (D_QK + D_V + 1)) * 4
         self._graph_rows = _GRAPH_BUDGET_BYTES // per_row
 
     @classmethod

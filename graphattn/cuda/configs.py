@@ -121,7 +121,7 @@ _TILES = (
 # 150-200 B per thread and the 16 x 64 tile 200-580 B (ptxas -v, sm_90, docs/benchmarks.md); at
 # 8 warps neither did (16 x 64: 176 registers). With the tile dequantised into q's dtype
 # (fp8-deq) the 32 x 32 tile at 4 warps spills 32-216 B (triton 3.6) and none at 8; not re-timed
-# (flashmla runs the Gluon kernel on sm_90, 2-4x ahead). Measured on the H200 (quick kernel table, FP8): 8 warps made
+# (flashmla runs the Gluon kernel on sm_90, 2-6x ahead). Measured on the H200 (quick kernel table, FP8): 8 warps made
 # the 16-head tile faster (16 x 1: flashmla 14.5 -> 12.2 us, trtllm 46.7 -> 36.4, mega 284.9 ->
 # 212.7) and the 32-head tile slower (64 x 64: flashmla 261.1 -> 397.5, 128 x 512: 3677 ->
 # 5956), so only the 16-head tile changes: BLOCK_H -> num_warps for FP8. The tokens-major tile

@@ -102,6 +102,12 @@ class EmulatedGraphSegment:
         self._captured = False
 
     @classmethod
+    def isolated(cls) -> type:
+        """This class: emulated segments have no side stream or cuBLAS workspace to keep apart
+        (see ``StreamGraphSegment.isolated``)."""
+        return cls
+
+    @classmethod
     def warmup_scope(cls):
         """Context for eager warm-up runs before capture (no streams on the CPU)."""
         return ExitStack()

@@ -67,12 +67,29 @@ class StreamGraphSegment:
     emulated = False
     stream_key = "cuda"
     _streams: dict[tuple[str, int], torch.cuda.Stream] = {}
+    # torch's default: while a capture is open, a CUDA call that is unsafe during capture fails on
+    # any thread. Isolated segments (:meth:`isolated`) use "thread_local".
+    capture_error_mode = "global"
 
     def __init__(self, pool: Any = None, tracker: StorageTracker | None = None):
         self.graph = torch.cuda.CUDAGraph()
         self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
         self.tracker = tracker
         self._stack: ExitStack | None = None
+
+    @classmethod
+    def isolated(cls) -> type:
+        """A subclass whose segments warm up and capture on side streams of their own (a new
+        one per device for each class this returns), with ``capture_error_mode="thread_local"``.
+
+        For graphs captured behind an eager call (the torch backend's private graphs): torch keys
+        cuBLAS workspaces by (handle, stream) and, from PR #175276 on, frees a capture stream's
+        workspaces when any graph captured on that stream is destroyed, while other live graphs
+        captured there still hold their addresses (pytorch/pytorch#193402). On a stream of their
+        own, such graphs can be dropped without touching the workspace of any graph a runner
+        captured, and an implicit capture does not make other threads' CUDA calls fail."""
+        return type(cls.__name__, (cls,), {"_streams": {}, "stream_key": f"{cls.stream_key}/isolated",
+                                           "capture_error_mode": "thread_local", "__module__": cls.__module__})
 
     @classmethod
     def capture_stream(cls) -> torch.cuda.Stream:
@@ -107,7 +124,7 @@ class StreamGraphSegment:
         stack.callback(caller.wait_stream, side)  # runs last: the caller waits for the capture
         try:
             stack.enter_context(torch.cuda.stream(side))
-            self.graph.capture_begin(pool=self.pool)
+            self.graph.capture_begin(pool=self.pool, capture_error_mode=self.capture_error_mode)
             stack.callback(self._end_graph)
             stack.enter_context(capture_scope())
             if self.tracker is not None:

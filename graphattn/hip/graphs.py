@@ -48,16 +48,23 @@ class HipGraphSegment:
 
     emulated = False  # decided per instance: see ``self.emulated``
     platform: Platform | None = None
+    _stream_class: type = _HipStreamSegment  # the device graph's class (its side stream)
 
     @classmethod
     def for_platform(cls, platform: Platform) -> type:
         """A subclass (same name) whose segments follow ``platform``, not ``current_platform()``."""
         return type(cls.__name__, (cls,), {"platform": platform, "__module__": cls.__module__})
 
+    @classmethod
+    def isolated(cls) -> type:
+        """A subclass whose device graphs capture on side streams of their own
+        (:meth:`StreamGraphSegment.isolated`); the emulator's are unchanged."""
+        return type(cls.__name__, (cls,), {"_stream_class": cls._stream_class.isolated(), "__module__": cls.__module__})
+
     def __init__(self, pool: Any = None, tracker: StorageTracker | None = None):
         self._platform = type(self).platform or current_platform()
         if self._platform.has_gpu:
-            self._inner: Any = _HipStreamSegment(pool=pool, tracker=tracker)
+            self._inner: Any = self._stream_class(pool=pool, tracker=tracker)
         else:
             self._inner = EmulatedGraphSegment(pool=pool, tracker=tracker)
         self.emulated = not self._platform.has_gpu
@@ -71,7 +78,7 @@ class HipGraphSegment:
     def warmup_scope(cls) -> Any:
         """Warm-up context: the very stream captures use (the hipBLASLt rule)."""
         if (cls.platform or current_platform()).has_gpu:
-            return _HipStreamSegment.warmup_scope()
+            return cls._stream_class.warmup_scope()
         return ExitStack()
 
     def _capturing(self) -> bool:

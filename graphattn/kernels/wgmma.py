@@ -1,7 +1,6 @@
-"""Gluon pieces shared by flashmla's sm_90 split kernels (``wgmma_ws`` for bf16/fp16 kv,
-one kernel, ``wgmma_ws``, for bf16/fp16 kv and 656-byte FP8 tokens): the program's place in the grid, index loads, the
-16-byte ``cp.async`` copies of q and of a KV tile, and the early signal of a programmatic
-dependent launch.
+"""Gluon pieces for flashmla's sm_90 split kernel (``wgmma_ws``, for bf16/fp16 kv and 656-byte
+FP8 tokens): the program's place in the grid, index loads, the 16-byte ``cp.async`` copies of q
+and of a KV tile, and the early signal of a programmatic dependent launch.
 
 Conventions of every kernel here are those of ``_flashmla_split_kernel``
 (graphattn.kernels.flashmla): one program per (row, split, 64-head block); q read unpadded
@@ -12,7 +11,7 @@ Why Gluon: with 72 KB tiles the Triton compiler's own 2-stage schedule issues th
 gather after the current products, and its 64-head tiles either spilled or gathered each KV
 tile twice; docs/benchmarks.md has the measurements. The first Gluon kernel (8 warps that issued
 the gathers between their products, ``_flashmla_wgmma_kernel``) was replaced by the
-warp-specialised one at 4e1066f; its schedule lives on in the FP8 kernel.
+warp-specialised one at 4e1066f; its schedule lived on in an 8-warp FP8 kernel until 073cbe1.
 """
 
 from __future__ import annotations

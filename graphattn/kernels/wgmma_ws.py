@@ -391,7 +391,7 @@ def _flashmla_ws_kernel(
     """Arguments, grid and outputs as ``_flashmla_split_kernel`` (graphattn.kernels.flashmla);
     launch with ``num_warps=4`` and ``maxnreg=168`` (12 warps run: producer, two consumers).
     ``KV_FP8=1``: ``kv_ptr`` holds 656-byte e4m3fn tokens ``[pool, 656]`` uint8 (``stride_kv``
-    in bytes, a multiple of 16), dequantised to q's dtype by the producer."""
+    in bytes, a multiple of 16), dequantised to q's dtype by the tile's owner."""
     gl.static_assert(BLOCK_H == 64, "one wgmma M tile of heads per program")
     gl.static_assert(BLOCK_N == 64, "P [64 heads, BLOCK_N] reuses a tile's [BLOCK_N, 64] rope columns")
     gl.static_assert(D_ROPE == BLOCK_N, "P [64 heads, BLOCK_N] reuses a tile's [BLOCK_N, 64] rope columns")
