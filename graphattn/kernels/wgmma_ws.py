@@ -67,6 +67,12 @@ CONSUMER_REGS = gl.constexpr(232)
 FP8_SCALE_OFFSET = gl.constexpr(SCALE_OFFSET)  # bytes: the 4 float32 scales after the 512 FP8 values
 FP8_ROPE_OFFSET = gl.constexpr(ROPE_OFFSET)  # bytes: then the 64 bf16 rotary values
 FP8_BLOCK = gl.constexpr(TILE)  # values per scale
+# The producer's FP8 gathers: the tokens' 512 bytes ([BLOCK_N, 512] uint8, 16 bytes per copy) and
+# their 4 float32 scales, block-major ([4, BLOCK_N], one 4-byte copy each); the rope as bf16's.
+FP8_GATHER = gl.constexpr(gl.BlockedLayout(
+    size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0]))
+FP8_SCALES = gl.constexpr(gl.BlockedLayout(
+    size_per_thread=[1, 1], threads_per_warp=[1, 32], warps_per_cta=[4, 1], order=[1, 0]))
 # Shared-memory views of another dtype: ``reinterpret`` from triton 3.7 on, ``_reinterpret`` before.
 _NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
@@ -77,8 +83,11 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
               stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
               DIRECT: gl.constexpr, KV_FP8: gl.constexpr):
-    """Default partition (4 warps): q once, then every KV tile of the split into its slot
-    (656-byte FP8 tokens with ``KV_FP8``: their bytes, dequantised by the tile's owner)."""
+    """Default partition (4 warps): q once, then every KV tile of the split into its slot. With
+    ``KV_FP8`` a tile is the tokens' 512 FP8 bytes, copied into the upper half of the slot's nope
+    tile (``k_raw``: its bytes as uint8), their 4 float32 scales into ``k_scale`` and their 64
+    bf16 rope values into the rope tile (``k_rope_bits``: its bytes as bf16), all completing on
+    the slot's ``ready`` barrier; the tile's owner dequantises it in place before its scores."""
     q_nope, q_rope, k_nope, k_rope, stat_m, stat_l, k_raw, k_scale, k_rope_bits, k_scale_rows = smem
     q_ready, kv_ready, kv_free, p_ready, l_ready = bars
     gather_n: gl.constexpr = gl.BlockedLayout(
@@ -90,50 +99,37 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
     _load_q(q_ptr, stride_qr, stride_qh, row, hb, H, q_nope.index(0), q_rope.index(0),
             BLOCK_H, D_NOPE, D_ROPE, gather_n, gather_r)
     _async_copy.mbarrier_arrive(q_ready, increment_count=False)
-    if KV_FP8:
-        _produce_fp8(kv_ptr, stride_kv, pool, idx_row_ptr, start, end, n_tiles, k_raw, k_rope_bits, k_scale,
-                     kv_ready, kv_free, BLOCK_N, D_NOPE, D_ROPE)
-    else:
-        idx_n = _load_indices(idx_row_ptr, start, end, BLOCK_N, gl.SliceLayout(1, gather_n))
-        idx_r = _load_indices(idx_row_ptr, start, end, BLOCK_N, gl.SliceLayout(1, gather_r))
-        for j in range(0, n_tiles):
-            slot = j % 2
-            # Slot free: both consumers are done with tile j - 2 (a fresh barrier passes phase 1).
-            mbarrier.wait(kv_free.index(slot), ((j // 2) & 1) ^ 1)
-            _gather_tile(kv_ptr, stride_kv, pool, idx_n, idx_r, k_nope.index(slot), k_rope.index(slot),
+
+    # A tile's indices in the two layouts its gather takes (the next tile's load during this one).
+    idx_a, idx_b = _tile_indices(idx_row_ptr, start, end, BLOCK_N, KV_FP8, gather_n, gather_r)
+    for j in range(0, n_tiles):
+        slot = j % 2
+        # Slot free: both consumers are done with tile j - 2 (a fresh barrier passes phase 1).
+        mbarrier.wait(kv_free.index(slot), ((j // 2) & 1) ^ 1)
+        if KV_FP8:  # the tokens' bytes: the tile's owner dequantises them (_dequantise_tile)
+            _gather_fp8(kv_ptr, stride_kv, pool, idx_a, idx_b, k_raw.index(slot).slice(D_NOPE, D_NOPE, dim=1),
+                        k_rope_bits.index(slot), k_scale.index(slot), D_NOPE, D_ROPE, FP8_GATHER, gather_r,
+                        FP8_SCALES)
+        else:
+            _gather_tile(kv_ptr, stride_kv, pool, idx_a, idx_b, k_nope.index(slot), k_rope.index(slot),
                          D_NOPE, D_ROPE, gather_n, gather_r)
-            _async_copy.mbarrier_arrive(kv_ready.index(slot), increment_count=False)
-            n_next = start + (j + 1) * BLOCK_N
-            idx_n = _load_indices(idx_row_ptr, n_next, end, BLOCK_N, gl.SliceLayout(1, gather_n))
-            idx_r = _load_indices(idx_row_ptr, n_next, end, BLOCK_N, gl.SliceLayout(1, gather_r))
+        _async_copy.mbarrier_arrive(kv_ready.index(slot), increment_count=False)
+        n_next = start + (j + 1) * BLOCK_N
+        idx_a, idx_b = _tile_indices(idx_row_ptr, n_next, end, BLOCK_N, KV_FP8, gather_n, gather_r)
 
 
 @gluon.jit
-def _produce_fp8(kv_ptr, stride_kv, pool, idx_row_ptr, start, end, n_tiles, k_raw, k_rope_bits, k_scale,
-                 kv_ready, kv_free, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr):
-    """The producer's loop for 656-byte FP8 tokens, the bf16 loop's twin: per tile, ``cp.async``
-    the 512 FP8 bytes into the upper half of the slot's nope tile (``k_raw``: its bytes as
-    uint8), the 4 float32 scales into ``k_scale`` (``[4, BLOCK_N]``: block-major, one 4-byte copy
-    each) and the 64 bf16 rope values into the rope tile
-    (``k_rope_bits``: its bytes as bf16), completing on the slot's ``ready`` barrier. The tile's
-    owner dequantises it in place (:func:`_dequantise_tile`) before its scores."""
-    gather_8: gl.constexpr = gl.BlockedLayout(  # [BLOCK_N, 512] bytes, 16 per copy
-        size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0])
-    gather_r: gl.constexpr = gl.BlockedLayout(  # [BLOCK_N, 64] bf16, 8 per copy
-        size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0])
-    gather_c: gl.constexpr = gl.BlockedLayout(  # [4, BLOCK_N] f32 (block-major), one per copy
-        size_per_thread=[1, 1], threads_per_warp=[1, 32], warps_per_cta=[4, 1], order=[1, 0])
-    idx_n = _load_indices(idx_row_ptr, start, end, BLOCK_N, gl.SliceLayout(1, gather_8))
-    idx_c = _load_indices(idx_row_ptr, start, end, BLOCK_N, gl.SliceLayout(0, gather_c))
-    for j in range(0, n_tiles):
-        slot = j % 2
-        mbarrier.wait(kv_free.index(slot), ((j // 2) & 1) ^ 1)
-        _gather_fp8(kv_ptr, stride_kv, pool, idx_n, idx_c, k_raw.index(slot).slice(D_NOPE, D_NOPE, dim=1),
-                    k_rope_bits.index(slot), k_scale.index(slot), D_NOPE, D_ROPE, gather_8, gather_r, gather_c)
-        _async_copy.mbarrier_arrive(kv_ready.index(slot), increment_count=False)
-        n_next = start + (j + 1) * BLOCK_N
-        idx_n = _load_indices(idx_row_ptr, n_next, end, BLOCK_N, gl.SliceLayout(1, gather_8))
-        idx_c = _load_indices(idx_row_ptr, n_next, end, BLOCK_N, gl.SliceLayout(0, gather_c))
+def _tile_indices(idx_row_ptr, n0, end, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr,
+                  gather_n: gl.constexpr, gather_r: gl.constexpr):
+    """Indices ``[n0, n0 + BLOCK_N)`` in the layouts of a tile's gather: the nope and rope
+    copies' (bf16/fp16 kv), or the FP8 bytes' and the block-major scales' (``KV_FP8``)."""
+    if KV_FP8:
+        idx_a = _load_indices(idx_row_ptr, n0, end, BLOCK_N, gl.SliceLayout(1, FP8_GATHER))
+        idx_b = _load_indices(idx_row_ptr, n0, end, BLOCK_N, gl.SliceLayout(0, FP8_SCALES))
+    else:
+        idx_a = _load_indices(idx_row_ptr, n0, end, BLOCK_N, gl.SliceLayout(1, gather_n))
+        idx_b = _load_indices(idx_row_ptr, n0, end, BLOCK_N, gl.SliceLayout(1, gather_r))
+    return idx_a, idx_b
 
 
 @gluon.jit
