@@ -309,9 +309,10 @@ def test_cache_bounds():
 
 
 def test_isolated_segment_classes_capture_on_streams_of_their_own():
-    """The classes ``Platform.eager_graph_class`` hands out capture on side streams of their own
-    (a runner's graphs use the shared one), with ``capture_error_mode="thread_local"``; each
-    call makes another. Checked on the classes (no GPU needed)."""
+    """The classes the private graphs capture with (``isolated()`` of the platform's segment
+    class, one per caller stream) use side streams of their own (a runner's graphs use the shared
+    one), with ``capture_error_mode="thread_local"``; each call makes another. Checked on the
+    classes (no GPU needed)."""
     from graphattn.cuda.graphs import CudaGraphSegment
     from graphattn.graphs.emulated import EmulatedGraphSegment
     from graphattn.hip.graphs import HipGraphSegment

@@ -34,8 +34,8 @@ Memory safety, by construction:
   in number and bytes, graphs per shape in number. Past a bound every graph goes at once, never
   one alone: torch frees the cuBLAS workspaces of a graph's capture stream when the graph is
   destroyed (from PR #175276 on; pytorch/pytorch#193402), which the other graphs captured on
-  that stream still hold. These graphs capture on side streams of their own
-  (``Platform.eager_graph_class``), never on a ``GraphRunner``'s. Nothing global holds a graph
+  that stream still hold. These graphs capture on side streams of their own (the segment
+  class's ``isolated()`` subclass per caller stream), never on a ``GraphRunner``'s. Nothing global holds a graph
   and nothing here refers back to the owner: all is freed with it.
 
 One owner's eager calls on one stream are issued by one thread at a time (as its metadata's
@@ -234,7 +234,7 @@ class EagerGraphs:
         of this object live: destroying a graph frees the cuBLAS workspaces of the stream it was
         captured on (torch from PR #175276 on, pytorch/pytorch#193402), which the other graphs
         captured there still use. This object's graphs capture on streams of their own
-        (``Platform.eager_graph_class``), so dropping them all, before the next capture
+        (``isolated()`` per caller stream), so dropping them all, before the next capture
         allocates a fresh workspace, leaves no graph with a freed one."""
         for shape in shapes.values():
             shape.graphs.clear()

@@ -335,12 +335,10 @@ class Platform:
     def eager_graph_class(self) -> type | None:
         """The segment class of the real device graphs an eager call may capture once and then
         replay instead of launching its ops one by one (the ``torch`` backend does), or ``None``
-        where graphs are not real: without a GPU the emulator's replay re-runs every op.
-
-        Each call returns a class of its own whose graphs capture on side streams of their own
-        (``isolated()``), never on the stream a ``GraphRunner``'s graphs use: dropping one of
-        these graphs then cannot free a cuBLAS workspace a runner's graph replays into."""
-        return self.graph_segment_class().isolated() if self.has_gpu else None
+        where graphs are not real: without a GPU the emulator's replay re-runs every op. Its
+        user captures with the class's ``isolated()`` subclasses (side streams of their own, not
+        the one a ``GraphRunner`` captures on)."""
+        return self.graph_segment_class() if self.has_gpu else None
 
     def kernel_config(self, path: str, **shape: Any) -> dict[str, Any]:
         """Triton launch settings for kernel ``path`` at the given problem shape."""
