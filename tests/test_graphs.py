@@ -227,3 +227,30 @@ def test_break_with_out_keyword_writes_in_place_on_replay():
         res = graph.replay()
         assert seen[-1] is captured_mid, "the replay must pass the captured output"
         torch.testing.assert_close(res, (x * 2) * (x * 2).abs().max() + 1)
+
+
+def test_runners_and_standalone_graphs_capture_on_streams_of_their_own():
+    """Each GraphRunner captures its buckets with one segment class of its own, and a
+    BreakableGraph made on its own gets one too: graphs freed at different times never share a
+    capture stream (torch frees a stream's cuBLAS workspaces when any graph captured on it is
+    destroyed, pytorch/pytorch#193402). Runners keep torch's capture error mode. The classes are
+    checked as the CUDA rules build them (no GPU needed)."""
+    from graphattn.cuda.graphs import CudaGraphSegment
+    from graphattn.graphs import BreakableGraph, GraphRunner
+
+    class Cuda(type(current_platform())):
+        def graph_segment_class(self):
+            return CudaGraphSegment
+
+    platform = Cuda()
+    static = {"x": torch.randn(4, 3)}
+    a = GraphRunner(lambda x: x * 2, static, buckets=(4,), platform=platform)
+    b = GraphRunner(lambda x: x * 2, static, buckets=(4,), platform=platform)
+    for runner in (a, b):
+        cls = runner._segment_class
+        assert issubclass(cls, CudaGraphSegment) and cls._streams is not CudaGraphSegment._streams, cls
+        assert cls.capture_error_mode == "global", cls.capture_error_mode
+    assert a._segment_class._streams is not b._segment_class._streams
+    g, h = BreakableGraph(platform), BreakableGraph(platform)
+    assert g.segment_class._streams is not h.segment_class._streams
+    assert g.segment_class._streams is not CudaGraphSegment._streams

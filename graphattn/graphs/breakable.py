@@ -130,6 +130,11 @@ class BreakableGraph:
             platform's device; a bare ``cuda`` is whichever GPU is current at each call).
             Capture streams, captures and Triton launches follow the current device, so the
             graph makes this one current around its warm-up, capture and replay.
+        segment_class: the segment class to capture with (default: the platform's,
+            ``isolated("global")``: side streams of this graph's own). Graphs freed at different
+            times must not share a capture stream: torch frees a stream's cuBLAS workspaces when
+            any graph captured on it is destroyed (pytorch/pytorch#193402). A ``GraphRunner``
+            passes one class to all its buckets.
 
     ``capture(fn, *args, **kwargs)`` runs ``fn`` once under capture and returns its outputs;
     ``replay()`` replays every segment and break in order and returns the same output objects,
@@ -144,13 +149,17 @@ class BreakableGraph:
         breaks: bool = True,
         name_roots: Iterable[tuple[str, Any]] = (),
         device: torch.device | str | None = None,
+        segment_class: type | None = None,
     ):
         if platform is not None and not isinstance(platform, Platform):
             raise TypeError(f"BreakableGraph: platform must be a graphattn Platform or None, got "
                             f"{platform!r}; use graphattn.common.current_platform() or leave it out")
         self.platform = platform or current_platform()
         self.device = torch.device(device) if device is not None else self.platform.device
-        self.segment_class = self.platform.graph_segment_class()
+        # Capture streams of its own (a GraphRunner passes one class for all its buckets): torch
+        # frees a capture stream's cuBLAS workspaces when any graph captured on it is destroyed
+        # (pytorch/pytorch#193402), so graphs freed at different times must not share a stream.
+        self.segment_class = segment_class or self.platform.graph_segment_class().isolated("global")
         self.sanitize = sanitize_enabled(sanitize)
         self.emulated = bool(getattr(self.segment_class, "emulated", False)) or not self.platform.has_gpu
         self.pool = pool

@@ -102,7 +102,7 @@ class EmulatedGraphSegment:
         self._captured = False
 
     @classmethod
-    def isolated(cls) -> type:
+    def isolated(cls, capture_error_mode: str = "thread_local") -> type:
         """This class: emulated segments have no side stream or cuBLAS workspace to keep apart
         (see ``StreamGraphSegment.isolated``)."""
         return cls

@@ -135,6 +135,9 @@ class GraphRunner:
         if platform is not None and not isinstance(platform, Platform):
             raise TypeError(f"GraphRunner: platform must be a graphattn Platform or None, got {platform!r}")
         self.platform = platform or current_platform()
+        # One capture stream for this runner's buckets (they share a pool and die together),
+        # not the one every runner shared: see BreakableGraph's segment_class.
+        self._segment_class = self.platform.graph_segment_class().isolated("global")
         self.device = self._static_device()
         self.pad_values = {name: 0 for name in self.static} | dict(pad_values or {})
         unknown = set(self.pad_values) - set(self.static)
@@ -198,7 +201,8 @@ class GraphRunner:
         t0 = time.perf_counter()
         roots = [("metadata", self.metadata)] if self.metadata is not None else []
         graph = BreakableGraph(
-            self.platform, self.sanitize, self.pool, self.mode == "breakable", roots, device=self.device
+            self.platform, self.sanitize, self.pool, self.mode == "breakable", roots, device=self.device,
+            segment_class=self._segment_class,
         )
         inputs = self._inputs(bucket)
         if self._extend_plan is not None:

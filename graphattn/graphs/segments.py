@@ -78,9 +78,10 @@ class StreamGraphSegment:
         self._stack: ExitStack | None = None
 
     @classmethod
-    def isolated(cls) -> type:
+    def isolated(cls, capture_error_mode: str = "thread_local") -> type:
         """A subclass whose segments warm up and capture on side streams of their own (a new
-        one per device for each class this returns), with ``capture_error_mode="thread_local"``.
+        one per device for each class this returns), capturing with ``capture_error_mode``
+        (``"thread_local"`` by default; runners keep torch's ``"global"``).
 
         For graphs captured behind an eager call (the torch backend's private graphs): torch keys
         cuBLAS workspaces by (handle, stream) and, from PR #175276 on, frees a capture stream's
@@ -89,7 +90,7 @@ class StreamGraphSegment:
         own, such graphs can be dropped without touching the workspace of any graph a runner
         captured, and an implicit capture does not make other threads' CUDA calls fail."""
         return type(cls.__name__, (cls,), {"_streams": {}, "stream_key": f"{cls.stream_key}/isolated",
-                                           "capture_error_mode": "thread_local", "__module__": cls.__module__})
+                                           "capture_error_mode": capture_error_mode, "__module__": cls.__module__})
 
     @classmethod
     def capture_stream(cls) -> torch.cuda.Stream:

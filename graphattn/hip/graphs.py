@@ -56,10 +56,11 @@ class HipGraphSegment:
         return type(cls.__name__, (cls,), {"platform": platform, "__module__": cls.__module__})
 
     @classmethod
-    def isolated(cls) -> type:
+    def isolated(cls, capture_error_mode: str = "thread_local") -> type:
         """A subclass whose device graphs capture on side streams of their own
         (:meth:`StreamGraphSegment.isolated`); the emulator's are unchanged."""
-        return type(cls.__name__, (cls,), {"_stream_class": cls._stream_class.isolated(), "__module__": cls.__module__})
+        inner = cls._stream_class.isolated(capture_error_mode)
+        return type(cls.__name__, (cls,), {"_stream_class": inner, "__module__": cls.__module__})
 
     def __init__(self, pool: Any = None, tracker: StorageTracker | None = None):
         self._platform = type(self).platform or current_platform()
