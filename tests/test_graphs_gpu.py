@@ -225,3 +225,45 @@ def test_one_qpad_buffer_for_all_buckets(platform_name):
     assert qpads[0].data_ptr == meta.q_pad.data_ptr()
     assert meta_bytes >= meta.nbytes()
 
+
+
+def free_one_runner_replay_another(share_stream: bool) -> tuple[bool, float]:
+    """Two runners whose step is a split-K-shaped cuBLAS matmul (``x [8, 32768] @ w [32768, 64]``
+    bf16: small M and N, long K, the shape that takes cuBLAS's workspace); free the first
+    (its graphs die), fill the memory freed with victims holding a sentinel, replay the
+    second. Returns ``(victims untouched, max error of the replays)``. ``share_stream``: both
+    runners capture on one stream, as every runner did before each got its own (the setting of
+    pytorch/pytorch#193402: a graph's death frees its capture stream's cuBLAS workspaces)."""
+    gen = torch.Generator("cuda").manual_seed(7)
+    w = torch.randn(32768, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+    make = lambda: GraphRunner(lambda x: x @ w, {"x": torch.zeros(8, 32768, device="cuda", dtype=torch.bfloat16)},
+                               buckets=(8,), mode="full")
+    a, b = make(), make()
+    if share_stream:
+        b._segment_class = a._segment_class
+    a.capture()
+    b.capture()
+    x = torch.randn(8, 32768, device="cuda", dtype=torch.bfloat16, generator=gen)
+    a.run(x=x)
+    del a
+    gc.collect()
+    torch.cuda.synchronize()
+    # Victims of the sizes a cuBLAS workspace takes (torch's default on Hopper, 32 MiB, and
+    # smaller ones), enough to take back the blocks the dead runner's graph freed.
+    victims = [torch.full((n // 4,), SENTINEL, device="cuda") for n in [32 << 20] * 2 + [4 << 20] * 8 + [1 << 20] * 16]
+    err = 0.0
+    for _ in range(20):
+        x = torch.randn(8, 32768, device="cuda", dtype=torch.bfloat16, generator=gen)
+        got = b.run(x=x).float()
+        err = max(err, float((got - (x.float() @ w.float())).abs().max() / (x.float() @ w.float()).abs().max()))
+    torch.cuda.synchronize()
+    return all(bool((v == SENTINEL).all()) for v in victims), err
+
+
+def test_freeing_one_runner_leaves_anothers_graphs_intact(platform_name):
+    """Each runner captures on streams of its own, so freeing one cannot free a cuBLAS
+    workspace another runner's graphs replay into: after the first dies, the second's replays
+    stay right and memory handed out since is never written."""
+    untouched, err = free_one_runner_replay_another(share_stream=False)
+    assert untouched, f"{platform_name}: a replay wrote into memory a dead runner's graph had freed"
+    assert err < 2e-2, f"{platform_name}: replays after the other runner died are off by {err:.3g}"

@@ -236,8 +236,9 @@ def test_keyed_launch_reuses_the_compiled_kernel_per_key(fake_triton):
 def test_call_key_separates_what_triton_specialises(fake_triton):
     q, kv = torch.randn(2, 4, 576), torch.randn(10, 576)
     out, lse = torch.empty(2, 4, 512), torch.empty(2, 4)
-    key, qs, kvs = launch.call_key(q, kv, out, lse)
+    key, qs, kvs, ptrs = launch.call_key(q, kv, out, lse)
     assert qs == q.stride() and kvs == 576
+    assert ptrs == (q.data_ptr(), kv.data_ptr(), out.data_ptr(), lse.data_ptr())
     assert launch.call_key(q.clone(), kv.clone(), out, lse)[0] == key  # same layout, new storage
     others = [
         (q.double(), kv, out, lse),  # dtype
@@ -250,6 +251,46 @@ def test_call_key_separates_what_triton_specialises(fake_triton):
     assert all(launch.call_key(*a)[0] != key for a in others)
     fake_triton.device = 1
     assert launch.call_key(q, kv, out, lse)[0] != key  # another current device
+
+
+class CudaLauncher:
+    """Triton 3.6's NVIDIA launcher as ``_Triton.raw_launcher`` finds it: a C entry point and
+    its fixed launch flags, no scratch memory."""
+
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid, launch_pdl = "coop", "pdl"
+
+    def __init__(self, log: list):
+        self.launch = lambda *a: log.append(("raw", a))
+
+    def __call__(self, *a):
+        raise AssertionError("the checked C entry point, not the wrapper, must launch")
+
+
+def test_keyed_launch_passes_int_pointers_to_the_checked_entry_point(fake_triton, monkeypatch):
+    """Once a key has launched (with tensors, to specialise), ``ints(key)`` launches through
+    the C entry point with the pointers as ints (no data_ptr(), no driver check per pointer);
+    never before the first call, for another key, while a hook is registered, or where the
+    entry point was not checked (other Triton versions, AMD: the wrapper launches)."""
+    monkeypatch.setattr(launch._Triton, "raw_ok", True)
+    fn = _FakeJit()
+    fn.compiled.run = CudaLauncher(fn.log)
+    keyed = launch.KeyedLaunch(launch.make_launch(fn, (6,), BLOCK=32))
+    x = torch.randn(64)
+    assert keyed.ints("k") is None  # nothing specialised yet: the first call passes tensors
+    keyed("k", x, 16, 0.5)
+    keyed.ints("k")(1234, 16, 0.5)
+    assert fn.log[-1] == ("raw", (6, 1, 1, 99, "function-handle", "coop", "pdl", None, None, "packed-metadata",
+                                  None, None, None, 1234, 16, 0.5, 32, 7))
+    assert keyed.ints("other") is None
+    fake_triton.hook = types.SimpleNamespace(calls=[print])  # a profiler wants to see launches
+    assert keyed.ints("k") is None
+    fake_triton.hook = None
+    monkeypatch.setattr(launch._Triton, "raw_ok", False)  # an unchecked launcher: the wrapper's path
+    fn = _FakeJit()
+    keyed = launch.KeyedLaunch(launch.make_launch(fn, (6,), BLOCK=32))
+    keyed("k", x, 16, 0.5)
+    assert keyed.ints("k") is None
 
 
 def test_specialised_launch_defers_to_triton_for_hooks_and_the_interpreter(fake_triton, monkeypatch):

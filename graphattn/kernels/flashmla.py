@@ -89,6 +89,7 @@ def _flashmla_combine_kernel(
 # imported only where the platform picks one.
 GLUON_KERNELS = {
     "wgmma_ws": ("wgmma_ws", "_flashmla_ws_kernel"),  # warp-specialised: bf16/fp16 kv and FP8 tokens
+    "wgmma_tn": ("wgmma_tn", "_flashmla_tn_kernel"),  # the same for <= 32 heads: heads on the N side
 }
 
 
@@ -171,20 +172,31 @@ def bind_flashmla(plan: LaunchPlan, indices, sm_scale: float, ws_out, ws_lse) ->
 
     ``indices`` ``[rows, topk]`` and the workspace views stay the same objects for the bound
     call's life (a backend keeps one per metadata and row count); each call keys its
-    specialised launchers by what may differ (:func:`call_key`). No input checks:
-    :func:`sparse_mla_flashmla` checks before it binds, and backends check what they pass.
+    specialised launchers by what may differ (:func:`call_key`); once a key has launched, its
+    calls pass every pointer as an int (:meth:`KeyedLaunch.ints`). No input checks:
+    :func:`sparse_mla_flashmla` checks before it binds, and backends check what they pass (q,
+    kv and ``dst`` on the current GPU: the ints are not checked again).
     """
     main = KeyedLaunch(plan.main)
     combine = KeyedLaunch(plan.combine) if plan.combine is not None else None
     ws = (ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0), ws_lse.stride(1))
     heads, topk, split_len, splits = plan.heads, plan.topk, plan.split_len, plan.splits
     qk_scale, idx_stride = sm_scale * LOG2E, indices.stride(0)
+    idx_p, wo_p, wl_p = indices.data_ptr(), ws_out.data_ptr(), ws_lse.data_ptr()  # fixed: see above
 
     def call(q, kv, dst=None):
         out, lse = empty_outputs(q) if dst is None else dst
         if not plan.rows:
             return out, lse
-        key, qs, kv_stride = call_key(q, kv, out, lse)
+        key, qs, kv_stride, (q_p, kv_p, out_p, lse_p) = call_key(q, kv, out, lse)
+        fast = main.ints(key)
+        fast_c = combine.ints(key) if combine is not None else None
+        if fast is not None and (combine is None or fast_c is not None):
+            fast(q_p, kv_p, idx_p, wo_p, wl_p, out_p, lse_p, heads, kv.shape[0], topk, split_len,
+                 splits, qk_scale, qs[0], qs[1], kv_stride, idx_stride, *ws)
+            if fast_c is not None:
+                fast_c(wo_p, wl_p, out_p, lse_p, heads, splits, *ws)
+            return out, lse
         main(key, q, kv, indices, ws_out, ws_lse, out, lse, heads, kv.shape[0], topk, split_len,
              splits, qk_scale, qs[0], qs[1], kv_stride, idx_stride, *ws)
         if combine is not None:

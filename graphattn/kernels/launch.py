@@ -97,6 +97,13 @@ class _Triton:
             cls.raw_ok = triton.__version__.startswith(cls.raw_launch_versions)
 
     @classmethod
+    def hooked(cls) -> bool:
+        """Whether a launch hook (a profiler) is registered: launches then take Triton's path.
+        Triton 3.6 keeps an always-present, usually empty HookChain; older versions None."""
+        hook = cls.knobs.launch_enter_hook
+        return hook is not None and getattr(hook, "calls", True)
+
+    @classmethod
     def raw_launcher(cls, launcher: Any) -> tuple[Callable[..., None], Any, Any] | None:
         """``(entry, cooperative, pdl)``: the C entry point behind an NVIDIA ``CudaLauncher``
         with no scratch memory to allocate, and its fixed launch flags; ``None`` where the
@@ -168,7 +175,7 @@ class Launch:
         launcher, packed, tail = kernel.run, kernel.packed_metadata, self._tail
         g0, g1, g2 = self._grid3
         device = _Triton.device()
-        stream, knobs = _Triton.stream, _Triton.knobs
+        stream = _Triton.stream
         raw = _Triton.raw_launcher(launcher)
         if raw is not None:
             # Triton 3.6's CudaLauncher.__call__ only adds (no) scratch buffers and its launch
@@ -179,14 +186,20 @@ class Launch:
             entry, middle = launcher, (packed, None, None, None)
 
         def launch(*a: Any) -> None:
-            # A profiler's launch hook wants to see the launch: Triton's own path. Triton 3.6
-            # keeps an always-present, usually empty HookChain; older versions None.
-            hook = knobs.launch_enter_hook
-            if hook is not None and getattr(hook, "calls", True):
+            if _Triton.hooked():  # a profiler's launch hook wants to see it: Triton's own path
                 self(*a)
             else:
                 entry(g0, g1, g2, stream(device), function, *middle, *a, *tail)
 
+        if raw is not None:
+            # The C entry also takes a pointer argument as an int, and then neither calls
+            # data_ptr() nor asks the driver whether the address is a device pointer
+            # (cuPointerGetAttribute, ~0.3 µs each on the H200's host): callers whose tensors
+            # were checked to be on this GPU pass ints (KeyedLaunch.raw).
+            def launch_ints(*a: Any) -> None:
+                entry(g0, g1, g2, stream(device), function, *middle, *a, *tail)
+
+            launch.ints = launch_ints  # type: ignore[attr-defined]
         return launch
 
 
@@ -199,11 +212,12 @@ class KeyedLaunch:
     the dtypes, strides and pool size of q and kv, and whether the tensors are 16-byte aligned.
     """
 
-    __slots__ = ("launch", "_launchers")
+    __slots__ = ("launch", "_launchers", "_ints")
 
     def __init__(self, launch: Launch):
         self.launch = launch
         self._launchers: dict[Any, Callable[..., None]] = {}
+        self._ints: dict[Any, Callable[..., None]] = {}
 
     def __call__(self, key: Any, *args: Any) -> None:
         fast = self._launchers.get(key)
@@ -212,7 +226,23 @@ class KeyedLaunch:
             return
         if len(self._launchers) >= 16:  # many keys (fuzzing strides): start over
             self._launchers.clear()
-        self._launchers[key] = self.launch.specialised(*args)
+            self._ints.clear()
+        fast = self._launchers[key] = self.launch.specialised(*args)
+        ints = getattr(fast, "ints", None)
+        if ints is not None:
+            self._ints[key] = ints
+
+    def ints(self, key: Any) -> Callable[..., None] | None:
+        """The launcher for ``key`` that takes every pointer argument as an int (``data_ptr()``
+        of a tensor on the current GPU), or ``None``: before ``key``'s first call (which must
+        pass tensors, to specialise), where only Triton's path launches (the interpreter,
+        ``GRAPHATTN_LAUNCHER=jit``, AMD, Triton versions whose C entry was not checked), and
+        while a launch hook is registered. The caller vouches that the ints are device
+        pointers on the current GPU: nothing checks them."""
+        fast = self._ints.get(key)
+        if fast is None or _Triton.hooked():
+            return None
+        return fast
 
 
 def current_device_index() -> int:
@@ -221,14 +251,16 @@ def current_device_index() -> int:
 
 
 def call_key(q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor,
-             lse: torch.Tensor) -> tuple[tuple[Any, ...], tuple[int, ...], int]:
-    """``(key, q.stride(), kv.stride(0))`` of one bound call (see :class:`KeyedLaunch`): the
-    device, q's and kv's dtypes, strides and pool size (exact values, so equal keys always
-    specialise alike), and whether q, kv, out and lse are all 16-byte aligned. The strides
-    come back so the caller does not ask for them twice."""
+             lse: torch.Tensor) -> tuple[tuple[Any, ...], tuple[int, ...], int, tuple[int, int, int, int]]:
+    """``(key, q.stride(), kv.stride(0), pointers)`` of one bound call (see
+    :class:`KeyedLaunch`): the key holds the device, q's and kv's dtypes, strides and pool size
+    (exact values, so equal keys always specialise alike), and whether q, kv, out and lse are all
+    16-byte aligned. The strides and the four ``data_ptr()`` come back so the caller does not
+    ask for them twice (:meth:`KeyedLaunch.ints` takes the pointers)."""
     qs, kvs = q.stride(), kv.stride(0)
-    aligned = (q.data_ptr() | kv.data_ptr() | out.data_ptr() | lse.data_ptr()) & 15
-    return (current_device_index(), q.dtype, kv.dtype, kv.shape[0], qs, kvs, aligned), qs, kvs
+    ptrs = (q.data_ptr(), kv.data_ptr(), out.data_ptr(), lse.data_ptr())
+    aligned = (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) & 15
+    return (current_device_index(), q.dtype, kv.dtype, kv.shape[0], qs, kvs, aligned), qs, kvs, ptrs
 
 
 class InterpretedLaunch(Launch):

@@ -68,14 +68,20 @@ def bind_mega(plan: LaunchPlan, indices, sm_scale: float) -> Callable[..., Any]:
     backends check what they pass)."""
     main = KeyedLaunch(plan.main)
     heads, topk, qk_scale, idx_stride = plan.heads, plan.topk, sm_scale * LOG2E, indices.stride(0)
+    idx_p = indices.data_ptr()  # fixed for the call's life (see flashmla.bind_flashmla)
 
     def call(q, kv, dst=None):
         out, lse = empty_outputs(q) if dst is None else dst
         if not plan.rows:
             return out, lse
-        key, qs, kv_stride = call_key(q, kv, out, lse)
-        main(key, q, kv, indices, out, lse, heads, kv.shape[0], topk, qk_scale, qs[0], qs[1],
-             kv_stride, idx_stride)
+        key, qs, kv_stride, (q_p, kv_p, out_p, lse_p) = call_key(q, kv, out, lse)
+        fast = main.ints(key)
+        if fast is not None:
+            fast(q_p, kv_p, idx_p, out_p, lse_p, heads, kv.shape[0], topk, qk_scale, qs[0], qs[1],
+                 kv_stride, idx_stride)
+        else:
+            main(key, q, kv, indices, out, lse, heads, kv.shape[0], topk, qk_scale, qs[0], qs[1],
+                 kv_stride, idx_stride)
         return out, lse
 
     return call

@@ -96,14 +96,21 @@ def bind_trtllm(plan: LaunchPlan, indices, sm_scale: float, counter, ws_out, ws_
              ws_out.stride(2), ws_lse.stride(0), ws_lse.stride(1))
     heads, topk, split_len, splits = plan.heads, plan.topk, plan.split_len, plan.splits
     qk_scale = sm_scale * LOG2E
+    buffers = (indices, counter, ws_out, ws_lse)
+    pointers = tuple(t.data_ptr() for t in buffers)  # fixed for the call's life (see bind_flashmla)
 
     def call(q, kv, dst=None):
         out, lse = empty_outputs(q) if dst is None else dst
         if not plan.rows:
             return out, lse
-        key, qs, kv_stride = call_key(q, kv, out, lse)
-        main(key, q, kv, indices, counter, ws_out, ws_lse, out, lse, heads, kv.shape[0], topk,
-             split_len, splits, qk_scale, qs[0], qs[1], kv_stride, *fixed)
+        key, qs, kv_stride, (q_p, kv_p, out_p, lse_p) = call_key(q, kv, out, lse)
+        fast = main.ints(key)
+        if fast is not None:
+            fast(q_p, kv_p, *pointers, out_p, lse_p, heads, kv.shape[0], topk, split_len, splits, qk_scale,
+                 qs[0], qs[1], kv_stride, *fixed)
+        else:
+            main(key, q, kv, *buffers, out, lse, heads, kv.shape[0], topk, split_len, splits, qk_scale,
+                 qs[0], qs[1], kv_stride, *fixed)
         return out, lse
 
     return call
