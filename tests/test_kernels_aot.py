@@ -39,7 +39,7 @@ def test_every_kernel_compiles_ahead_of_time(target):
     if target == "sm90":  # flashmla's Gluon kernel: Hopper only, with a triton that has Gluon
         from graphattn.cuda.configs import gluon_available
 
-        expected |= {"flashmla_wgmma_ws"} if gluon_available() else set()
+        expected |= {"flashmla_wgmma_ws", "flashmla_wgmma_tn"} if gluon_available() else set()
     assert compiled == expected, f"{target}: {compiled}"
     assert summary["failed"] == 0 and summary["compiled"] >= 4, summary
     # Every attention kernel also compiled reading 656-byte FP8 tokens, in the target's format.
@@ -48,7 +48,7 @@ def test_every_kernel_compiles_ahead_of_time(target):
     fp8 = {(r["kernel"], r["constexprs"]["KV_FP8"]) for r in records if r.get("ok") and r["constexprs"].get("KV_FP8")}
     code = 2 if target == "gfx942" else 1  # e4m3fnuz on gfx942, e4m3fn on sm_90 and gfx950
     assert fp8_code(target) == code
-    gluon_fp8 = {"flashmla_wgmma_ws"} & expected
+    gluon_fp8 = {"flashmla_wgmma_ws", "flashmla_wgmma_tn"} & expected
     assert fp8 == {(k, code) for k in {"flashmla_split", "trtllm", "mega"} | gluon_fp8}, f"{target}: FP8 compiles {fp8}"
 
 
@@ -61,7 +61,7 @@ def test_aot_jobs_compile_each_setting_as_it_runs(target):
 
     compiled = {(k, json.dumps({**m, **o}, sort_keys=True)) for k, _, m, o, _ in aot.jobs([target])}
     for kernel, (_, _, path) in aot.KERNELS.items():
-        fp8_kernel = kernel in ("flashmla_split", "flashmla_wgmma_ws", "trtllm", "mega")
+        fp8_kernel = kernel in ("flashmla_split", "flashmla_wgmma_ws", "flashmla_wgmma_tn", "trtllm", "mega")
         layouts = (False, True) if fp8_kernel else (False,)
         for kv_fp8 in layouts:
             for cfg in aot._configs(path, target, kv_fp8=kv_fp8):

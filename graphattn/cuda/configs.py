@@ -61,6 +61,20 @@ _WGMMA_TILE = {"kernel": "wgmma_ws", "BLOCK_H": 64, "BLOCK_N": 64, "STAGES": 2, 
 # gathered, converted and computed in turn (kernels/wgmma_fp8.py up to 4011a35): 128 x 512 rows
 # 1582 -> 877 us, 64 x 64 110 -> 72, 16 x 512 784 -> 434 (docs/benchmarks.md).
 _WGMMA_FP8_TILE = {**_WGMMA_TILE, "KV_FP8": 1}
+# At most TN_MAX_HEADS heads flashmla runs the tokens-major Gluon kernel instead
+# (graphattn.kernels.wgmma_tn: tokens on the wgmma's M side, 16 or 32 heads on N, so few heads
+# do not pay for the 64 an M tile holds; the same producer, each consumer owning alternate tiles
+# whole), for bf16/fp16 kv and FP8 tokens alike, from TN_MIN_ROWS rows on (per head block).
+# Measured against what ran before (us, bf16 / FP8, diag-style A/B in one call, docs): 16 x 512
+# 307.7 -> 290.3 / 441.8 -> 361.7, 32 x 512 315.7 -> 313.0 / 448.0 -> 411.2, 16 x 64 43.6 ->
+# 40.2 / 66.4 -> 53.1, 32 x 64 46.8 -> 46.5 / 68.0 -> 61.8, 16 x 8 12.8 -> 12.1 / 16.1 -> 14.3,
+# 16 x 4 10.1 -> 10.0 / 11.7 -> 11.3, 16 x 8 x topk 32768 78.0 -> 73.7 / 122.3 -> 95.6; slower
+# at 32 x 8 (14.3 -> 16.0 / 18.1 -> 18.5), 32 x 1 (8.9 -> 12.1 / 10.5 -> 13.5) and 16 x 1
+# (8.7 -> 8.8 / 10.0 -> 10.3): a tile's scores and its 512 x heads output are one chain per
+# consumer, which few tiles per program do not hide.
+TN_MAX_HEADS = 32
+TN_MIN_ROWS = {16: 4, 32: 64}
+_WGMMA_TN_TILES = {bh: {**_WGMMA_TILE, "kernel": "wgmma_tn", "BLOCK_H": bh} for bh in (16, 32)}
 # Its splits fill whole waves of 132 programs (graphattn.kernels.plan.choose_splits), a split
 # costing about two 64-token tiles of fixed work (q is 72 KB, the f32 partial 128 KB); that
 # rule, not PARTIAL_BYTES_PER_ROW, keeps 8 rows x topk 32768 in one wave, so up to 32 splits
@@ -86,6 +100,18 @@ def gluon_available() -> bool:
 def _wgmma(path: str, capability: tuple[int, int]) -> bool:
     """flashmla's Gluon kernel: wgmma exists on sm_90 only (not sm_80/89, not Blackwell)."""
     return path == "flashmla" and capability[0] == 9 and gluon_available()
+
+
+def _tn_tile(path: str, rows: int, heads: int, capability: tuple[int, int], kv_fp8: bool) -> dict[str, Any] | None:
+    """The tokens-major Gluon kernel's setting for ``rows x heads`` (sm_90, at most TN_MAX_HEADS
+    heads, from TN_MIN_ROWS rows), else None."""
+    if not _wgmma(path, capability) or heads > TN_MAX_HEADS:
+        return None
+    block = 16 if heads <= 16 else 32
+    if rows < TN_MIN_ROWS[block]:
+        return None
+    tile = _WGMMA_TN_TILES[block]
+    return {**tile, "KV_FP8": 1} if kv_fp8 else dict(tile)
 
 
 def _kv_major(path: str, rows: int, heads: int, capability: tuple[int, int]) -> bool:
@@ -166,7 +192,10 @@ def kernel_config(path: str, rows: int = 1, heads: int = 64, topk: int = 2048,
     elif path == "mega":
         cfg = _tiles(heads, kv_fp8)
     else:
-        if kv_fp8 and _wgmma(path, capability):  # the Gluon kernel's FP8 variant, at every size
+        tn = _tn_tile(path, rows, heads, capability, kv_fp8)
+        if tn is not None:  # few heads: tokens on M, heads on N
+            tiles = tn
+        elif kv_fp8 and _wgmma(path, capability):  # the Gluon kernel's FP8 variant, at every size
             tiles = dict(_WGMMA_FP8_TILE)
         elif kv_fp8:  # never the tokens-major tile (it spills; see FP8_NUM_WARPS)
             tiles = _tiles(heads, kv_fp8)
@@ -186,11 +215,12 @@ def all_configs(path: str, kv_fp8: bool = False) -> list[dict[str, Any]]:
     ``kv_fp8``: those it returns for 656-byte FP8 tokens."""
     if path == "flashmla_combine":
         return [dict(_COMBINE), dict(_COMBINE_PDL)]
+    gluon = path == "flashmla" and gluon_available()
+    tn = [{**t, "KV_FP8": 1} if kv_fp8 else dict(t) for t in _WGMMA_TN_TILES.values()] if gluon else []
     if kv_fp8:
         fp8 = [_tiles(max_heads, kv_fp8) for max_heads, _ in _TILES]
-        return fp8 + ([dict(_WGMMA_FP8_TILE)] if path == "flashmla" and gluon_available() else [])
+        return fp8 + ([dict(_WGMMA_FP8_TILE)] + tn if gluon else [])
     tiles = [_tiles(max_heads) for max_heads, _ in _TILES]
     if not path.startswith("flashmla"):
         return tiles
-    wgmma = [dict(_WGMMA_TILE)] if path == "flashmla" and gluon_available() else []
-    return tiles + [dict(_KV_MAJOR_TILE)] + wgmma
+    return tiles + [dict(_KV_MAJOR_TILE)] + ([dict(_WGMMA_TILE)] + tn if gluon else [])

@@ -1,0 +1,267 @@
+"""flashmla's split kernel for few heads on sm_90 (Hopper), in Gluon: tokens on the MMA's M side,
+heads on N, so 16 or 32 heads do not pay for the 64 a wgmma M tile holds.
+
+One program per (row, split, block of ``BLOCK_H`` = 16 or 32 heads), three warpgroups like
+:mod:`graphattn.kernels.wgmma_ws` (launch ``num_warps=4`` and ``maxnreg=168``; the consumers take
+232 registers each with ``setmaxnreg``, the producer 40), whose producer (q once, then 64-token
+KV tiles by 16-byte ``cp.async`` into two slots) and FP8 dequantisation this kernel shares.
+
+* The scores are computed transposed: ``S^T = K q^T`` (``[64 tokens, BLOCK_H]``, K the tile in
+  shared memory as the wgmma's A operand, q^T its B), and the output too: ``O^T += V^T P^T``
+  (``[512, BLOCK_H]`` f32, V^T the tile's nope part read M-major, P^T from shared memory).
+  The MMA work per tile is ``BLOCK_H / 64`` of the heads-major kernel's.
+* **consumers**: consumer ``w`` owns the tiles ``t`` with ``t % 2 == w``, hence slot ``w``, and
+  runs each one alone: scores, an online softmax over the tile's tokens (a column reduction
+  across the warpgroup), ``P^T`` into its own small buffer, ``V^T P^T``, release. Each keeps its
+  own max, sum and output; nothing passes between them until the end, where consumer 1 leaves
+  its output and statistics in its slot (which no gather writes again) and consumer 0 merges
+  and stores. With few heads the tile's gather, not its products, sets the pace, and two
+  consumers keep two tiles in flight.
+
+Outputs and conventions are those of ``_flashmla_split_kernel`` (graphattn.kernels.flashmla): a
+normalised partial (or the final ``out``/``lse`` with ``DIRECT``), scores in base 2, an index
+outside ``[0, pool)`` never read, heads ``>= H`` of the last head block masked (zeros in, never
+stored). bf16/fp16 q; kv in q's dtype or 656-byte FP8 tokens (``KV_FP8=1``), 16-byte aligned rows.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from .wgmma import _cta_barrier, _launch_dependents, _load_indices, _program_split
+from .wgmma_ws import _NEW_REINTERPRET, CONSUMER_REGS, FP8_BLOCK, _dequantise_tile, _producer
+
+
+@gluon.jit
+def _scores_t(q_nope, q_rope, k_nope, k_rope, kv_ready, t, q0, s_layout: gl.constexpr,
+              BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Wait until tile ``t`` has landed, then ``S^T = K q^T`` for it (``[BLOCK_N, BLOCK_H]``)."""
+    slot = t % 2
+    mbarrier.wait(kv_ready.index(slot), (t // 2) & 1)
+    fence_async_shared()  # the gathered bytes (generic proxy) before wgmma reads them (async proxy)
+    s = warpgroup_mma(k_nope.index(slot), q_nope.index(q0).permute((1, 0)),
+                      gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout), use_acc=False, is_async=True)
+    s = warpgroup_mma(k_rope.index(slot), q_rope.index(q0).permute((1, 0)), s, is_async=True)
+    return warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+
+
+@gluon.jit
+def _consumer_t(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+                BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
+                DIRECT: gl.constexpr, KV_FP8: gl.constexpr, WG: gl.constexpr):
+    """Consumer warpgroup ``WG``: tiles ``t % 2 == WG`` (slot ``WG``), whole; consumer 0 then
+    merges consumer 1's output into its own and stores."""
+    q_nope, q_rope, k_nope, k_rope, p_buf, stats, k_raw, k_scale, k_rope_bits, k_scale_rows = smem
+    q_ready, kv_ready, kv_free, p_ready, l_ready = bars
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_H, 16])
+    o_layout: gl.constexpr = s_layout  # [512, BLOCK_H]: the same instruction, 8 M tiles
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)  # per head
+    tok_s: gl.constexpr = gl.SliceLayout(1, s_layout)  # per token
+    idx_row_ptr = idx_ptr + row.to(gl.int64) * stride_ir
+    p_mine = p_buf.index(WG)
+
+    mbarrier.wait(q_ready, 0)
+    m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=col_s)
+    l_part = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout)  # summed over tokens at the end
+    acc = gl.zeros([D_NOPE, BLOCK_H], gl.float32, layout=o_layout)
+    for t in range(WG, n_tiles, 2):
+        idx_s = _load_indices(idx_row_ptr, start + t * BLOCK_N, end, BLOCK_N, tok_s)
+        if KV_FP8:
+            _dequantise_tile(t, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope, BLOCK_N, D_NOPE, D_ROPE)
+        # q's descriptors from an index that is 0 but not known to be (see wgmma_ws._issue_scores).
+        s = _scores_t(q_nope, q_rope, k_nope, k_rope, kv_ready, t, (t + n_tiles < 0).to(gl.int32), s_layout,
+                      BLOCK_H, BLOCK_N)
+        valid = (idx_s >= 0) & (idx_s < pool)
+        s = gl.where(valid[:, None], s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m, gl.max(s, axis=0))
+        # While a head has seen nothing valid its max is -inf; subtract 0 instead (no inf - inf).
+        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m - m_ref)
+        p = gl.exp2(s - m_ref[None, :])
+        l_part = l_part * alpha[None, :] + p
+        acc = acc * alpha[None, :]
+        m = m_new
+        p_mine.store(p.to(p_mine.dtype))
+        fence_async_shared()  # P^T (generic stores) before the wgmma reads it (async proxy)
+        _cta_barrier()
+        # V^T's 32 descriptors from a slot index that is WG but not known to be: hoisted out of
+        # the loop they would hold 64 registers across it (and spill).
+        v_slot = WG + (t + n_tiles < 0).to(gl.int32)
+        acc = warpgroup_mma(k_nope.index(v_slot).permute((1, 0)), p_mine, acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(kv_free.index(WG))
+    l = gl.sum(l_part, axis=0)
+
+    # Merge the two consumers' outputs: each leaves its output in its own slot (no gather
+    # writes there again: its tiles are all done) and its max and sum beside it, then each
+    # merges and stores half of the 512 output columns, 64 at a time (two whole outputs in
+    # registers at once would not fit).
+    _cta_barrier()  # every thread's last wgmma read of my slot is done
+    _merge_view(k_nope, WG, D_NOPE, BLOCK_H).store(acc)
+    stats.index(2 * WG).store(m)
+    stats.index(2 * WG + 1).store(l)
+    _cta_barrier()
+    mbarrier.arrive(l_ready.index(WG))
+    mbarrier.wait(l_ready.index(1 - WG), 0)
+    m1 = stats.index(2 - 2 * WG).load(col_s)
+    l1 = stats.index(3 - 2 * WG).load(col_s)
+    m_all = gl.maximum(m, m1)
+    m_ref = gl.where(m_all == float("-inf"), 0.0, m_all)
+    a0 = gl.exp2(m - m_ref)
+    a1 = gl.exp2(m1 - m_ref)
+    l = l * a0 + l1 * a1
+    empty = l == 0.0
+    lse = gl.where(empty, float("-inf"), (m_all + gl.log2(gl.where(empty, 1.0, l))) * 0.6931471805599453)
+    w0 = a0 / gl.where(empty, 1.0, l)
+    w1 = a1 / gl.where(empty, 1.0, l)
+    h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=col_s)
+    o_mask = (h < H)[None, :]  # heads >= H exist only in this program: never stored
+    HALF: gl.constexpr = D_NOPE // 2
+    for c in gl.static_range(0, HALF, BLOCK_N):
+        out = (_merge_view(k_nope, WG, D_NOPE, BLOCK_H).slice(WG * HALF + c, BLOCK_N, dim=0).load(s_layout)
+               * w0[None, :]
+               + _merge_view(k_nope, 1 - WG, D_NOPE, BLOCK_H).slice(WG * HALF + c, BLOCK_N, dim=0).load(s_layout)
+               * w1[None, :])
+        d = WG * HALF + c + gl.arange(0, BLOCK_N, layout=tok_s)
+        if DIRECT:
+            rh = row.to(gl.int64) * H + h
+            gl.store(out_ptr + rh[None, :] * D_NOPE + d[:, None], out.to(out_ptr.dtype.element_ty), mask=o_mask)
+        else:
+            w_base = ws_out_ptr + row.to(gl.int64) * stride_wr + split * stride_ws
+            gl.store(w_base + h[None, :] * stride_wh + d[:, None], out, mask=o_mask)
+    if WG == 0:
+        if DIRECT:
+            gl.store(lse_ptr + row.to(gl.int64) * H + h, lse, mask=h < H)
+        else:
+            gl.store(ws_lse_ptr + row.to(gl.int64) * stride_lr + split * stride_ls + h, lse, mask=h < H)
+
+
+@gluon.jit
+def _merge_view(k_nope, w: gl.constexpr, D_NOPE: gl.constexpr, BLOCK_H: gl.constexpr):
+    """Slot ``w``'s nope tile (``[64, 512]`` of q's dtype: 64 KB) as an f32 ``[512, BLOCK_H]``
+    output, swizzled so that the wgmma accumulator's rows (8 per warp, one
+    128-byte row each at 32 heads) fall in different banks."""
+    flat: gl.constexpr = gl.SwizzledSharedLayout(vec=2, per_phase=1, max_phase=8, order=[1, 0])
+    WIDTH: gl.constexpr = 32  # 2 x 64 x 512 x 2 bytes = 2 x 512 x 32 x 4
+    if _NEW_REINTERPRET:
+        view = k_nope.reinterpret(gl.float32, [2, D_NOPE, WIDTH], flat)
+    else:
+        view = k_nope._reinterpret(gl.float32, [2, D_NOPE, WIDTH], flat)
+    return view.index(w).slice(0, BLOCK_H, dim=1)
+
+
+@gluon.jit
+def _consumer_t0(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                 H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                 stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+                 BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
+                 DIRECT: gl.constexpr, KV_FP8: gl.constexpr):
+    """Worker partition: consumer warpgroup 0 (see wgmma_ws._consumer0)."""
+    _consumer_t(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+                BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 0)
+
+
+@gluon.jit
+def _consumer_t1(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                 H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                 stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+                 BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
+                 DIRECT: gl.constexpr, KV_FP8: gl.constexpr):
+    """Worker partition: consumer warpgroup 1."""
+    _consumer_t(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+                BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 1)
+
+
+@gluon.jit
+def _flashmla_tn_kernel(
+    q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+    H, pool, topk, split_len, num_splits, qk_scale,
+    stride_qr, stride_qh, stride_kv, stride_ir,
+    stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+    BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
+    STAGES: gl.constexpr, DIRECT: gl.constexpr, KV_FP8: gl.constexpr = 0, LAUNCH_DEPENDENTS: gl.constexpr = 0,
+):
+    """Arguments, grid and outputs as ``_flashmla_split_kernel`` (graphattn.kernels.flashmla)
+    with ``BLOCK_H`` 16 or 32; launch with ``num_warps=4`` and ``maxnreg=168`` (12 warps run:
+    producer, two consumers). ``KV_FP8=1``: 656-byte e4m3fn tokens (see wgmma_ws)."""
+    gl.static_assert((BLOCK_H == 16) | (BLOCK_H == 32), "heads on the wgmma's N side: 16 or 32 per program")
+    gl.static_assert(BLOCK_N == 64, "tokens on the wgmma's M side: one M tile per KV tile")
+    gl.static_assert(STAGES == 2, "two KV slots, one per consumer")
+    gl.static_assert(gl.num_warps() == 4, "the default partition is one warpgroup")
+    gl.static_assert((KV_FP8 == 0) | (KV_FP8 == 1), "sm_90 FP8 tokens are e4m3fn")
+    gl.static_assert((KV_FP8 == 0) | (D_NOPE == 4 * FP8_BLOCK), "four scale blocks of 128 values")
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+
+    if LAUNCH_DEPENDENTS:  # the combine (a programmatic dependent launch) may start its programs
+        _launch_dependents()
+    hb, split, row, start, end, n_tiles = _program_split(H, topk, split_len, num_splits, BLOCK_H, BLOCK_N)
+
+    smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    # P^T [64 tokens, BLOCK_H]: the wgmma's B operand, heads contiguous (rows of 32 or 64 bytes).
+    p_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * BLOCK_H, element_bitwidth=16, rank=2)
+    stat_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    q_nope = gl.allocate_shared_memory(dtype, [1, BLOCK_H, D_NOPE], smem_layout)
+    q_rope = gl.allocate_shared_memory(dtype, [1, BLOCK_H, D_ROPE], smem_layout)
+    k_nope = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_NOPE], smem_layout)
+    k_rope = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_ROPE], smem_layout)
+    p_buf = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_H], p_layout)
+    stats = gl.allocate_shared_memory(gl.float32, [4, BLOCK_H], stat_layout)  # (max, sum) per consumer
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    l_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    if KV_FP8:
+        raw_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+        k_scale = gl.allocate_shared_memory(gl.float32, [STAGES, 4, BLOCK_N], gl.SwizzledSharedLayout(
+            vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+        rows_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        if _NEW_REINTERPRET:
+            k_raw = k_nope.reinterpret(gl.uint8, [STAGES, BLOCK_N, 2 * D_NOPE], raw_layout)
+            k_scale_rows = k_scale.reinterpret(gl.float32, [STAGES * 4, BLOCK_N], rows_layout)
+            k_rope_bits = k_rope.reinterpret(gl.bfloat16, [STAGES, BLOCK_N, D_ROPE], smem_layout)
+        else:
+            k_raw = k_nope._reinterpret(gl.uint8, [STAGES, BLOCK_N, 2 * D_NOPE], raw_layout)
+            k_scale_rows = k_scale._reinterpret(gl.float32, [STAGES * 4, BLOCK_N], rows_layout)
+            k_rope_bits = k_rope._reinterpret(gl.bfloat16, [STAGES, BLOCK_N, D_ROPE], smem_layout)
+    else:
+        k_raw = k_nope
+        k_scale = stats
+        k_scale_rows = stats
+        k_rope_bits = k_rope
+    mbarrier.init(q_ready, count=128)  # one cp.async arrival per producer thread
+    for i in gl.static_range(STAGES):
+        mbarrier.init(kv_ready.index(i), count=128)
+        mbarrier.init(kv_free.index(i), count=1)  # the slot's one consumer
+    for i in gl.static_range(2):
+        mbarrier.init(l_ready.index(i), count=1)
+
+    smem = (q_nope, q_rope, k_nope, k_rope, p_buf, stats, k_raw, k_scale, k_rope_bits, k_scale_rows)
+    bars = (q_ready, kv_ready, kv_free, l_ready, l_ready)
+    gl.warp_specialize([
+        (_producer, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                     H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                     stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
+                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8)),
+        (_consumer_t0, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                        H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                        stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
+                        stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8)),
+        (_consumer_t1, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                        H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                        stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
+                        stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8)),
+    ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
