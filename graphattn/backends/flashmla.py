@@ -1,8 +1,9 @@
 """The ``flashmla`` backend: a split-KV kernel plus a separate combine kernel.
 
 FlashMLA's sparse decode kernel processes heads in blocks (64 per program in the sm_90 Gluon
-kernel). With attention tensor parallelism (e.g. 128 heads / TP 8 = 16 per rank) the last block
-is partly empty: the kernels read q ``[rows, num_heads, 576]`` as it comes and mask the heads
+kernel; with attention tensor parallelism, e.g. 128 heads / TP 8 = 16 per rank, sm_90 runs a
+kernel with the heads on the MMA's N side, 16 or 32 per program, instead). Where the last block
+is partly empty the kernels read q ``[rows, num_heads, 576]`` as it comes and mask the heads
 past ``num_heads`` (loaded as zeros, never stored), so nothing pads q or narrows the outputs and
 the metadata holds no q-pad buffer. Its graph-safe state is the split-KV workspace pool and the
 index table.

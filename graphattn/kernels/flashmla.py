@@ -112,7 +112,8 @@ def _select(rows: int, heads: int, topk: int, aligned: bool,
     any stride.
 
     The config's ``"kernel"`` key names the Gluon kernel (:data:`GLUON_KERNELS`); for 656-byte
-    FP8 tokens sm_90's table names the same kernel with ``KV_FP8=1`` (``graphattn.kernels.wgmma_ws``).
+    FP8 tokens sm_90's table names the same kernels with ``KV_FP8=1`` (``graphattn.kernels.wgmma_ws``,
+    and ``wgmma_tn`` at <= 32 heads).
     """
     cfg = path_config(PATH, rows, heads, topk, platform, kv_fp8)
     gluon = cfg.get("kernel") in GLUON_KERNELS
@@ -127,7 +128,7 @@ def _select(rows: int, heads: int, topk: int, aligned: bool,
 
 def kernel_name(q: torch.Tensor, kv: torch.Tensor, topk: int) -> str:
     """The split kernel a launch over ``q`` and ``kv`` runs: a key of :data:`GLUON_KERNELS`
-    (Gluon, sm_90: ``"wgmma_ws"``, for kv in q's dtype and FP8 tokens),
+    (Gluon, sm_90: ``"wgmma_ws"``, or ``"wgmma_tn"`` at <= 32 heads, for kv in q's dtype and FP8 tokens),
     ``"triton_kv_major"`` (the tokens-major Triton tile) or ``"triton"`` (the heads-major tiles)."""
     return _select(q.shape[0], q.shape[1], topk, aligned_16(q, kv), is_fp8_kv(kv))[2]
 

@@ -1,9 +1,11 @@
-"""Gluon pieces for flashmla's sm_90 split kernel (``wgmma_ws``, for bf16/fp16 kv and 656-byte
-FP8 tokens): the program's place in the grid, index loads, the 16-byte ``cp.async`` copies of q
-and of a KV tile, and the early signal of a programmatic dependent launch.
+"""Gluon pieces for flashmla's sm_90 split kernels (``wgmma_ws`` and, at <= 32 heads,
+``wgmma_tn``; bf16/fp16 kv and 656-byte FP8 tokens): the program's place in the grid, index
+loads, the 16-byte ``cp.async`` copies of q and of a KV tile, and the early signal of a
+programmatic dependent launch.
 
 Conventions of every kernel here are those of ``_flashmla_split_kernel``
-(graphattn.kernels.flashmla): one program per (row, split, 64-head block); q read unpadded
+(graphattn.kernels.flashmla): one program per (row, split, head block of 64, or 16/32 in
+``wgmma_tn``); q read unpadded
 (``[rows, H, 576]``, any ``H >= 1``), the last head block's heads ``>= H`` masked (zeros in
 shared memory, outputs never stored); an index outside ``[0, pool)`` never read.
 

@@ -36,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .wgmma import _cta_barrier, _launch_dependents, _load_indices, _program_split
-from .wgmma_ws import _NEW_REINTERPRET, CONSUMER_REGS, FP8_BLOCK, _dequantise_tile, _producer
+from .wgmma_ws import _NEW_REINTERPRET, CONSUMER_REGS, FP8_BLOCK, _dequantise_tile, _fp8_views, _producer
 
 
 @gluon.jit
@@ -225,18 +225,7 @@ def _flashmla_tn_kernel(
     kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     l_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     if KV_FP8:
-        raw_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
-        k_scale = gl.allocate_shared_memory(gl.float32, [STAGES, 4, BLOCK_N], gl.SwizzledSharedLayout(
-            vec=1, per_phase=1, max_phase=1, order=[1, 0]))
-        rows_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-        if _NEW_REINTERPRET:
-            k_raw = k_nope.reinterpret(gl.uint8, [STAGES, BLOCK_N, 2 * D_NOPE], raw_layout)
-            k_scale_rows = k_scale.reinterpret(gl.float32, [STAGES * 4, BLOCK_N], rows_layout)
-            k_rope_bits = k_rope.reinterpret(gl.bfloat16, [STAGES, BLOCK_N, D_ROPE], smem_layout)
-        else:
-            k_raw = k_nope._reinterpret(gl.uint8, [STAGES, BLOCK_N, 2 * D_NOPE], raw_layout)
-            k_scale_rows = k_scale._reinterpret(gl.float32, [STAGES * 4, BLOCK_N], rows_layout)
-            k_rope_bits = k_rope._reinterpret(gl.bfloat16, [STAGES, BLOCK_N, D_ROPE], smem_layout)
+        k_raw, k_scale, k_rope_bits, k_scale_rows = _fp8_views(k_nope, k_rope, STAGES, BLOCK_N, D_NOPE, D_ROPE)
     else:
         k_raw = k_nope
         k_scale = stats

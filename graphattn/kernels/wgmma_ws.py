@@ -376,6 +376,34 @@ def _consumer1(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_p
 
 
 @gluon.jit
+def _fp8_views(k_nope, k_rope, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
+               D_ROPE: gl.constexpr):
+    """The shared memory a KV ring of 656-byte FP8 tokens adds to the plain one (``k_nope``
+    ``[STAGES, BLOCK_N, 512]``, ``k_rope`` ``[STAGES, BLOCK_N, 64]``, NVMMA 128-byte swizzle):
+    ``(k_raw, k_scale, k_rope_bits, k_scale_rows)``, the nope tiles' bytes as uint8 (the FP8
+    bytes land in their upper half, dequantised into the tile in place), a 2 KB block-major ring
+    of the tokens' scales (shared memory has room for nothing larger), the rope tiles as bf16
+    (fp16 q rounds them in place) and the scale ring as ``[STAGES * 4, BLOCK_N]`` rows (slot * 4
+    + block: one block's scales)."""
+    smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    raw_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    rows_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    if _NEW_REINTERPRET:
+        k_raw = k_nope.reinterpret(gl.uint8, [STAGES, BLOCK_N, 2 * D_NOPE], raw_layout)
+    else:
+        k_raw = k_nope._reinterpret(gl.uint8, [STAGES, BLOCK_N, 2 * D_NOPE], raw_layout)
+    k_scale = gl.allocate_shared_memory(gl.float32, [STAGES, 4, BLOCK_N], gl.SwizzledSharedLayout(
+        vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+    if _NEW_REINTERPRET:
+        k_scale_rows = k_scale.reinterpret(gl.float32, [STAGES * 4, BLOCK_N], rows_layout)
+        k_rope_bits = k_rope.reinterpret(gl.bfloat16, [STAGES, BLOCK_N, D_ROPE], smem_layout)
+    else:
+        k_scale_rows = k_scale._reinterpret(gl.float32, [STAGES * 4, BLOCK_N], rows_layout)
+        k_rope_bits = k_rope._reinterpret(gl.bfloat16, [STAGES, BLOCK_N, D_ROPE], smem_layout)
+    return k_raw, k_scale, k_rope_bits, k_scale_rows
+
+
+@gluon.jit
 def _flashmla_ws_kernel(
     q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
     H, pool, topk, split_len, num_splits, qk_scale,
@@ -417,26 +445,7 @@ def _flashmla_ws_kernel(
     p_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     l_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     if KV_FP8:
-        # The FP8 bytes land in the upper half of the nope tile they are dequantised into; the
-        # scales get their own small ring (2 KB: shared memory has room for nothing larger).
-        raw_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
-        if _NEW_REINTERPRET:
-            k_raw = k_nope.reinterpret(gl.uint8, [STAGES, BLOCK_N, 2 * D_NOPE], raw_layout)
-        else:
-            k_raw = k_nope._reinterpret(gl.uint8, [STAGES, BLOCK_N, 2 * D_NOPE], raw_layout)
-        k_scale = gl.allocate_shared_memory(gl.float32, [STAGES, 4, BLOCK_N], gl.SwizzledSharedLayout(
-            vec=1, per_phase=1, max_phase=1, order=[1, 0]))  # block-major: a block's scales are one row
-        # ... which the consumers load as one [BLOCK_N] row (slot * 4 + block) of this view.
-        rows_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-        if _NEW_REINTERPRET:
-            k_scale_rows = k_scale.reinterpret(gl.float32, [STAGES * 4, BLOCK_N], rows_layout)
-        else:
-            k_scale_rows = k_scale._reinterpret(gl.float32, [STAGES * 4, BLOCK_N], rows_layout)
-        # The rope arrives as bf16 bits; fp16 q rounds it in place (same layout, same size).
-        if _NEW_REINTERPRET:
-            k_rope_bits = k_rope.reinterpret(gl.bfloat16, [STAGES, BLOCK_N, D_ROPE], smem_layout)
-        else:
-            k_rope_bits = k_rope._reinterpret(gl.bfloat16, [STAGES, BLOCK_N, D_ROPE], smem_layout)
+        k_raw, k_scale, k_rope_bits, k_scale_rows = _fp8_views(k_nope, k_rope, STAGES, BLOCK_N, D_NOPE, D_ROPE)
     else:
         k_raw = k_nope
         k_scale = stat_m
