@@ -366,11 +366,39 @@ def test_sm90_wgmma_splits_fill_whole_waves(monkeypatch, rows, heads, topk, want
     assert got == want, f"[flashmla wgmma rows={rows} heads={heads} topk={topk}] {got} splits, want {want}"
 
 
+@pytest.mark.parametrize("heads,rows,want", [
+    (16, 4, 16), (1, 4, 16), (16, 512, 16), (17, 64, 32), (32, 1000, 32),  # heads on N
+    (16, 3, None), (16, 1, None), (32, 63, None), (33, 512, None), (64, 8, None),  # not there
+])
+def test_sm90_few_heads_run_the_heads_on_n_gluon_kernel(monkeypatch, heads, rows, want):
+    """At <= 32 heads sm_90 flashmla runs ``wgmma_tn`` (the heads on the wgmma's N side, 16 or
+    32 per program: ``want``) from ``TN_MIN_ROWS`` rows on, for plain kv and FP8 tokens alike;
+    below those rows and above 32 heads it runs what it ran before (``want`` None)."""
+    from graphattn.kernels import flashmla
+
+    cuda_configs = _use_sm90_settings(monkeypatch)
+    if not cuda_configs.gluon_available():
+        pytest.skip("this triton has no Gluon Hopper dialect")
+    q, kv = torch.randn(rows, heads, 576), torch.randn(100, 576)
+    kernel, cfg = flashmla._split_kernel(q, kv, 2048)
+    fp8 = cuda_configs.kernel_config("flashmla", rows, heads, 2048, kv_fp8=True)
+    where = f"[flashmla sm_90 {heads} heads x {rows} rows]"
+    if want is None:
+        assert cfg.get("kernel") != "wgmma_tn" and fp8.get("kernel") != "wgmma_tn", f"{where} {cfg} / {fp8}"
+        return
+    assert kernel.__name__ == "_flashmla_tn_kernel" and cfg["BLOCK_H"] == want, f"{where} {cfg}"
+    assert cfg["num_warps"] == 4 and cfg["maxnreg"] * 12 * 32 <= 65536 and "KV_MAJOR" not in cfg, f"{where} {cfg}"
+    assert fp8["kernel"] == "wgmma_tn" and fp8["BLOCK_H"] == want and fp8["KV_FP8"] == 1, f"{where} FP8 {fp8}"
+    # Unaligned inputs cannot take its 16-byte copies: flashmla's heads-major Triton tiles.
+    kernel, cfg = flashmla._split_kernel(q, torch.randn(100, 577)[:, :576], 2048)
+    assert kernel is flashmla._flashmla_split_kernel and "kernel" not in cfg, f"{where} unaligned {cfg}"
+
+
 @pytest.mark.parametrize("capability", [(8, 0), (8, 9), (10, 0)])
 def test_wgmma_kernel_only_on_sm90(capability):
     """wgmma exists on sm_90 only: other NVIDIA GPUs get flashmla's Triton tiles."""
     from graphattn.cuda import configs as cuda_configs
 
-    for rows, heads in ((1, 128), (8, 64), (512, 128)):
+    for rows, heads in ((1, 128), (8, 64), (512, 128), (512, 16), (64, 32)):
         cfg = cuda_configs.kernel_config("flashmla", rows=rows, heads=heads, topk=2048, capability=capability)
         assert "kernel" not in cfg and "BLOCK_H" in cfg, f"[flashmla sm_{capability[0]}{capability[1]}] {cfg}"

@@ -22,7 +22,7 @@ import torch
 
 from ..common.kv_layout import is_fp8_kv
 from ..common.metadata import D_QK, D_V
-from ..common.platform import Platform, current_platform, device_scope
+from ..common.platform import Platform, current_platform, device_scope, triton_interpreter_env
 from . import checks
 from ._core import LOG2E, _split_program, _store_final, _store_partial
 from ._jit import gdc_launch_dependents, gdc_wait, jit, tl, triton
@@ -123,7 +123,11 @@ def _select(rows: int, heads: int, topk: int, aligned: bool,
     if not gluon:
         return _flashmla_split_kernel, cfg, "triton_kv_major" if cfg.get("KV_MAJOR") else "triton"
     module, fn = GLUON_KERNELS[cfg["kernel"]]
-    return getattr(importlib.import_module(f"{__package__}.{module}"), fn), cfg, cfg["kernel"]
+    # Where kernels are interpreted (a CPU process planning with sm_90's table) Gluon imports
+    # only with the interpreter's knob on, like every kernel module here; it never runs there.
+    with triton_interpreter_env():
+        gluon_module = importlib.import_module(f"{__package__}.{module}")
+    return getattr(gluon_module, fn), cfg, cfg["kernel"]
 
 
 def kernel_name(q: torch.Tensor, kv: torch.Tensor, topk: int) -> str:
