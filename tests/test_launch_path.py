@@ -239,6 +239,7 @@ def test_call_key_separates_what_triton_specialises(fake_triton):
     key, qs, kvs, ptrs = launch.call_key(q, kv, out, lse)
     assert qs == q.stride() and kvs == 576
     assert ptrs == (q.data_ptr(), kv.data_ptr(), out.data_ptr(), lse.data_ptr())
+    assert key[-2:] == (q.get_device(), kv.get_device()), key  # where q and kv are, not only the current GPU
     assert launch.call_key(q.clone(), kv.clone(), out, lse)[0] == key  # same layout, new storage
     others = [
         (q.double(), kv, out, lse),  # dtype

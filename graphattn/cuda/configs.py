@@ -79,7 +79,8 @@ _WGMMA_TN_TILES = {bh: {**_WGMMA_TILE, "kernel": "wgmma_tn", "BLOCK_H": bh} for 
 # costing about two 64-token tiles of fixed work (q is 72 KB, the f32 partial 128 KB); that
 # rule, not PARTIAL_BYTES_PER_ROW, keeps 8 rows x topk 32768 in one wave, so up to 32 splits
 # (128 heads x 1 row: 12.9 us with 32 splits).
-WGMMA_SPLIT_COST_BLOCKS = 2
+WGMMA_SPLIT_COST_BLOCKS = 2  # wgmma_tn (q 18-36 KB, partial 32-64 KB) keeps it: the sweep
+# in docs/benchmarks.md found the resulting split counts best at 16 heads x 4 and 8 rows
 
 @functools.cache  # a process constant; find_spec searches the file system (~0.9 ms) every call
 def gluon_available() -> bool:

@@ -194,8 +194,8 @@ class Launch:
         if raw is not None:
             # The C entry also takes a pointer argument as an int, and then neither calls
             # data_ptr() nor asks the driver whether the address is a device pointer
-            # (cuPointerGetAttribute, ~0.3 µs each on the H200's host): callers whose tensors
-            # were checked to be on this GPU pass ints (KeyedLaunch.raw).
+            # (cuPointerGetAttribute: 0.64 µs a call through ctypes on the H200's host, whose
+            # no-op costs 0.33): callers whose tensors are on this GPU pass ints (KeyedLaunch.ints).
             def launch_ints(*a: Any) -> None:
                 entry(g0, g1, g2, stream(device), function, *middle, *a, *tail)
 
@@ -253,14 +253,18 @@ def current_device_index() -> int:
 def call_key(q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor,
              lse: torch.Tensor) -> tuple[tuple[Any, ...], tuple[int, ...], int, tuple[int, int, int, int]]:
     """``(key, q.stride(), kv.stride(0), pointers)`` of one bound call (see
-    :class:`KeyedLaunch`): the key holds the device, q's and kv's dtypes, strides and pool size
-    (exact values, so equal keys always specialise alike), and whether q, kv, out and lse are all
-    16-byte aligned. The strides and the four ``data_ptr()`` come back so the caller does not
-    ask for them twice (:meth:`KeyedLaunch.ints` takes the pointers)."""
+    :class:`KeyedLaunch`): the key holds the current device, q's and kv's dtypes, strides and
+    pool size (exact values, so equal keys always specialise alike), whether q, kv, out and lse
+    are all 16-byte aligned, and the devices q and kv are on (``get_device()``: -1 on the CPU),
+    so a tensor elsewhere than the launches before it never reaches an int launcher: its first
+    call passes tensors, and Triton refuses what it cannot access. The strides and the four
+    ``data_ptr()`` come back so the caller does not ask for them twice (:meth:`KeyedLaunch.ints`
+    takes the pointers; out and lse are made on q's device or checked by the backend)."""
     qs, kvs = q.stride(), kv.stride(0)
     ptrs = (q.data_ptr(), kv.data_ptr(), out.data_ptr(), lse.data_ptr())
     aligned = (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) & 15
-    return (current_device_index(), q.dtype, kv.dtype, kv.shape[0], qs, kvs, aligned), qs, kvs, ptrs
+    key = (current_device_index(), q.dtype, kv.dtype, kv.shape[0], qs, kvs, aligned, q.get_device(), kv.get_device())
+    return key, qs, kvs, ptrs
 
 
 class InterpretedLaunch(Launch):

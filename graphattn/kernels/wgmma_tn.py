@@ -13,10 +13,11 @@ KV tiles by 16-byte ``cp.async`` into two slots) and FP8 dequantisation this ker
 * **consumers**: consumer ``w`` owns the tiles ``t`` with ``t % 2 == w``, hence slot ``w``, and
   runs each one alone: scores, an online softmax over the tile's tokens (a column reduction
   across the warpgroup), ``P^T`` into its own small buffer, ``V^T P^T``, release. Each keeps its
-  own max, sum and output; nothing passes between them until the end, where consumer 1 leaves
-  its output and statistics in its slot (which no gather writes again) and consumer 0 merges
-  and stores. With few heads the tile's gather, not its products, sets the pace, and two
-  consumers keep two tiles in flight.
+  own max, sum and output; nothing passes between them until the end, where each leaves its
+  output in its slot (which no gather writes again) and its max and sum in a small buffer, and
+  each merges and stores half of the 512 output columns. With bf16 kv and few heads the tile's
+  gather, not its products, sets the pace (two consumers keep two tiles in flight); with FP8
+  tokens the dequantisation and the products on each consumer's chain do (docs/benchmarks.md).
 
 Outputs and conventions are those of ``_flashmla_split_kernel`` (graphattn.kernels.flashmla): a
 normalised partial (or the final ``out``/``lse`` with ``DIRECT``), scores in base 2, an index
@@ -58,8 +59,8 @@ def _consumer_t(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_
                 stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
                 BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
                 DIRECT: gl.constexpr, KV_FP8: gl.constexpr, WG: gl.constexpr):
-    """Consumer warpgroup ``WG``: tiles ``t % 2 == WG`` (slot ``WG``), whole; consumer 0 then
-    merges consumer 1's output into its own and stores."""
+    """Consumer warpgroup ``WG``: tiles ``t % 2 == WG`` (slot ``WG``), whole; then the two
+    outputs merged, output columns ``[WG * 256, WG * 256 + 256)`` stored (and lse by consumer 0)."""
     q_nope, q_rope, k_nope, k_rope, p_buf, stats, k_raw, k_scale, k_rope_bits, k_scale_rows = smem
     q_ready, kv_ready, kv_free, p_ready, l_ready = bars
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -239,6 +240,7 @@ def _flashmla_tn_kernel(
         mbarrier.init(l_ready.index(i), count=1)
 
     smem = (q_nope, q_rope, k_nope, k_rope, p_buf, stats, k_raw, k_scale, k_rope_bits, k_scale_rows)
+    # The producer's barrier tuple has wgmma_ws's shape; its p_ready place (unused here) holds l_ready.
     bars = (q_ready, kv_ready, kv_free, l_ready, l_ready)
     gl.warp_specialize([
         (_producer, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,

@@ -1,0 +1,46 @@
+"""What limits wgmma_tn on FP8 tokens: timing-only variants that leave a stage out (results
+wrong by design). Usage, from the repository root on an sm_90 GPU:
+``PYTHONPATH=. python scripts/tn_ablate.py VARIANT`` with VARIANT in full, nodeq (no
+dequantisation), nomma (no wgmma), nodeq_nomma."""
+import sys
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+from graphattn.kernels import wgmma_tn
+
+
+@gluon.jit
+def _wait_only(t, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope,
+               BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr):
+    mbarrier.wait(kv_ready.index(t % 2), (t // 2) & 1)
+
+
+@gluon.jit
+def _no_mma(a, b, acc, use_acc=True, is_async=False):
+    return acc
+
+
+@gluon.jit
+def _no_wait(num_outstanding=0, deps=None):
+    return deps[0]
+
+
+def apply(variant):
+    if "nodeq" in variant:
+        wgmma_tn._dequantise_tile = _wait_only
+    if "nomma" in variant:
+        wgmma_tn.warpgroup_mma = _no_mma
+        wgmma_tn.warpgroup_mma_wait = _no_wait
+
+
+if __name__ == "__main__":
+    variant = sys.argv[1]
+    apply(variant)
+    sys.path.insert(0, "scripts"); sys.path.insert(0, "tests")
+    from tn_smoke import time_us  # noqa: E402
+    for heads, rows in [(16, 512), (16, 64)]:
+        for fp8 in (True, False):
+            if "nodeq" in variant and not fp8:
+                continue
+            t, name = time_us(heads, rows, 2048, fp8)
+            print(f"ABLATE {variant} {heads}x{rows} {'fp8' if fp8 else 'bf16'}: {t:.1f} us ({name})", flush=True)
