@@ -269,29 +269,33 @@ class CudaLauncher:
 
 
 def test_keyed_launch_passes_int_pointers_to_the_checked_entry_point(fake_triton, monkeypatch):
-    """Once a key has launched (with tensors, to specialise), ``ints(key)`` launches through
-    the C entry point with the pointers as ints (no data_ptr(), no driver check per pointer);
-    never before the first call, for another key, while a hook is registered, or where the
-    entry point was not checked (other Triton versions, AMD: the wrapper launches)."""
+    """Once a key has launched (with tensors, to specialise), ``run(key, tensors, pointers,
+    ...)`` launches through the C entry point with the pointers as ints (no data_ptr(), no
+    driver check per pointer); never on the key's first call, for another key, while a hook is
+    registered, or where the entry point was not checked (other Triton versions, AMD: the
+    wrapper launches, with the tensors)."""
     monkeypatch.setattr(launch._Triton, "raw_ok", True)
     fn = _FakeJit()
     fn.compiled.run = CudaLauncher(fn.log)
     keyed = launch.KeyedLaunch(launch.make_launch(fn, (6,), BLOCK=32))
     x = torch.randn(64)
-    assert keyed.ints("k") is None  # nothing specialised yet: the first call passes tensors
-    keyed("k", x, 16, 0.5)
-    keyed.ints("k")(1234, 16, 0.5)
+    keyed.run("k", (x,), (1234,), 16, 0.5)  # nothing specialised yet: the first call passes tensors
+    assert fn.log[-1][0] == "jit" and fn.log[-1][2] == (x, 16, 0.5), fn.log[-1]
+    keyed.run("k", (x,), (1234,), 16, 0.5)
     assert fn.log[-1] == ("raw", (6, 1, 1, 99, "function-handle", "coop", "pdl", None, None, "packed-metadata",
                                   None, None, None, 1234, 16, 0.5, 32, 7))
-    assert keyed.ints("other") is None
+    keyed.run("other", (x,), (1234,), 16, 0.5)
+    assert fn.log[-1][0] == "jit" and fn.log[-1][2] == (x, 16, 0.5), fn.log[-1]
     fake_triton.hook = types.SimpleNamespace(calls=[print])  # a profiler wants to see launches
-    assert keyed.ints("k") is None
+    keyed.run("k", (x,), (1234,), 16, 0.5)
+    assert fn.log[-1][0] == "jit" and fn.log[-1][2] == (x, 16, 0.5), fn.log[-1]
     fake_triton.hook = None
     monkeypatch.setattr(launch._Triton, "raw_ok", False)  # an unchecked launcher: the wrapper's path
     fn = _FakeJit()
     keyed = launch.KeyedLaunch(launch.make_launch(fn, (6,), BLOCK=32))
-    keyed("k", x, 16, 0.5)
-    assert keyed.ints("k") is None
+    keyed.run("k", (x,), (1234,), 16, 0.5)
+    keyed.run("k", (x,), (1234,), 16, 0.5)
+    assert [e[0] for e in fn.log] == ["jit", "cached"] and fn.log[-1][1][-5] is x, fn.log
 
 
 def test_specialised_launch_defers_to_triton_for_hooks_and_the_interpreter(fake_triton, monkeypatch):

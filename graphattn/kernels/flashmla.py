@@ -178,7 +178,7 @@ def bind_flashmla(plan: LaunchPlan, indices, sm_scale: float, ws_out, ws_lse) ->
     ``indices`` ``[rows, topk]`` and the workspace views stay the same objects for the bound
     call's life (a backend keeps one per metadata and row count); each call keys its
     specialised launchers by what may differ (:func:`call_key`); once a key has launched, its
-    calls pass every pointer as an int (:meth:`KeyedLaunch.ints`). No input checks:
+    calls pass every pointer as an int (:meth:`KeyedLaunch.run`). No input checks:
     :func:`sparse_mla_flashmla` checks before it binds, and backends check what they pass (q,
     kv and ``dst`` on the current GPU: the ints are not checked again).
     """
@@ -194,18 +194,10 @@ def bind_flashmla(plan: LaunchPlan, indices, sm_scale: float, ws_out, ws_lse) ->
         if not plan.rows:
             return out, lse
         key, qs, kv_stride, (q_p, kv_p, out_p, lse_p) = call_key(q, kv, out, lse)
-        fast = main.ints(key)
-        fast_c = combine.ints(key) if combine is not None else None
-        if fast is not None and (combine is None or fast_c is not None):
-            fast(q_p, kv_p, idx_p, wo_p, wl_p, out_p, lse_p, heads, kv.shape[0], topk, split_len,
-                 splits, qk_scale, qs[0], qs[1], kv_stride, idx_stride, *ws)
-            if fast_c is not None:
-                fast_c(wo_p, wl_p, out_p, lse_p, heads, splits, *ws)
-            return out, lse
-        main(key, q, kv, indices, ws_out, ws_lse, out, lse, heads, kv.shape[0], topk, split_len,
-             splits, qk_scale, qs[0], qs[1], kv_stride, idx_stride, *ws)
+        main.run(key, (q, kv, indices, ws_out, ws_lse, out, lse), (q_p, kv_p, idx_p, wo_p, wl_p, out_p, lse_p),
+                 heads, kv.shape[0], topk, split_len, splits, qk_scale, qs[0], qs[1], kv_stride, idx_stride, *ws)
         if combine is not None:
-            combine(key, ws_out, ws_lse, out, lse, heads, splits, *ws)
+            combine.run(key, (ws_out, ws_lse, out, lse), (wo_p, wl_p, out_p, lse_p), heads, splits, *ws)
         return out, lse
 
     return call

@@ -195,7 +195,7 @@ class Launch:
             # The C entry also takes a pointer argument as an int, and then neither calls
             # data_ptr() nor asks the driver whether the address is a device pointer
             # (cuPointerGetAttribute: 0.64 µs a call through ctypes on the H200's host, whose
-            # no-op costs 0.33): callers whose tensors are on this GPU pass ints (KeyedLaunch.ints).
+            # no-op costs 0.33): callers whose tensors are on this GPU pass ints (KeyedLaunch.run).
             def launch_ints(*a: Any) -> None:
                 entry(g0, g1, g2, stream(device), function, *middle, *a, *tail)
 
@@ -232,17 +232,19 @@ class KeyedLaunch:
         if ints is not None:
             self._ints[key] = ints
 
-    def ints(self, key: Any) -> Callable[..., None] | None:
-        """The launcher for ``key`` that takes every pointer argument as an int (``data_ptr()``
-        of a tensor on the current GPU), or ``None``: before ``key``'s first call (which must
-        pass tensors, to specialise), where only Triton's path launches (the interpreter,
-        ``GRAPHATTN_LAUNCHER=jit``, AMD, Triton versions whose C entry was not checked), and
-        while a launch hook is registered. The caller vouches that the ints are device
-        pointers on the current GPU: nothing checks them."""
+    def run(self, key: Any, tensors: tuple[Any, ...], pointers: tuple[int, ...], *rest: Any) -> None:
+        """Launch a kernel whose pointer arguments come first: ``(*tensors, *rest)``, or
+        ``(*pointers, *rest)`` (``pointers[i] == tensors[i].data_ptr()``) through the int
+        launcher where ``key`` has one: after its first call (which passes the tensors, to
+        specialise), where the checked C entry launches (not the interpreter,
+        ``GRAPHATTN_LAUNCHER=jit``, AMD or Triton versions whose entry was not checked), and
+        while no launch hook is registered. The caller vouches that the tensors are on the
+        current GPU: the ints are not checked."""
         fast = self._ints.get(key)
-        if fast is None or _Triton.hooked():
-            return None
-        return fast
+        if fast is not None and not _Triton.hooked():
+            fast(*pointers, *rest)
+        else:
+            self(key, *tensors, *rest)
 
 
 def current_device_index() -> int:
@@ -258,7 +260,7 @@ def call_key(q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor,
     are all 16-byte aligned, and the devices q and kv are on (``get_device()``: -1 on the CPU),
     so a tensor elsewhere than the launches before it never reaches an int launcher: its first
     call passes tensors, and Triton refuses what it cannot access. The strides and the four
-    ``data_ptr()`` come back so the caller does not ask for them twice (:meth:`KeyedLaunch.ints`
+    ``data_ptr()`` come back so the caller does not ask for them twice (:meth:`KeyedLaunch.run`
     takes the pointers; out and lse are made on q's device or checked by the backend)."""
     qs, kvs = q.stride(), kv.stride(0)
     ptrs = (q.data_ptr(), kv.data_ptr(), out.data_ptr(), lse.data_ptr())

@@ -75,13 +75,8 @@ def bind_mega(plan: LaunchPlan, indices, sm_scale: float) -> Callable[..., Any]:
         if not plan.rows:
             return out, lse
         key, qs, kv_stride, (q_p, kv_p, out_p, lse_p) = call_key(q, kv, out, lse)
-        fast = main.ints(key)
-        if fast is not None:
-            fast(q_p, kv_p, idx_p, out_p, lse_p, heads, kv.shape[0], topk, qk_scale, qs[0], qs[1],
-                 kv_stride, idx_stride)
-        else:
-            main(key, q, kv, indices, out, lse, heads, kv.shape[0], topk, qk_scale, qs[0], qs[1],
-                 kv_stride, idx_stride)
+        main.run(key, (q, kv, indices, out, lse), (q_p, kv_p, idx_p, out_p, lse_p),
+                 heads, kv.shape[0], topk, qk_scale, qs[0], qs[1], kv_stride, idx_stride)
         return out, lse
 
     return call

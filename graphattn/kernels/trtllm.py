@@ -104,13 +104,8 @@ def bind_trtllm(plan: LaunchPlan, indices, sm_scale: float, counter, ws_out, ws_
         if not plan.rows:
             return out, lse
         key, qs, kv_stride, (q_p, kv_p, out_p, lse_p) = call_key(q, kv, out, lse)
-        fast = main.ints(key)
-        if fast is not None:
-            fast(q_p, kv_p, *pointers, out_p, lse_p, heads, kv.shape[0], topk, split_len, splits, qk_scale,
-                 qs[0], qs[1], kv_stride, *fixed)
-        else:
-            main(key, q, kv, *buffers, out, lse, heads, kv.shape[0], topk, split_len, splits, qk_scale,
-                 qs[0], qs[1], kv_stride, *fixed)
+        main.run(key, (q, kv, *buffers, out, lse), (q_p, kv_p, *pointers, out_p, lse_p),
+                 heads, kv.shape[0], topk, split_len, splits, qk_scale, qs[0], qs[1], kv_stride, *fixed)
         return out, lse
 
     return call
