@@ -1,0 +1,99 @@
+"""Where the time of flashmla's warp-specialised kernel (wgmma_ws, sm_90) goes inside one launch:
+timestamps (``%globaltimer``, and ``%clock64`` from the program's own start) at the producer's
+and both consumers' milestones, per program, for one-split launches (the output written
+directly; the unused workspace holds the timestamps). Diagnostic only: the instrumented copy of
+the kernel is built from the current ``graphattn/kernels/wgmma_ws.py`` at run time.
+
+Run from the repository root on an sm_90 GPU:
+``PYTHONPATH=. python scripts/ws_probe.py 128x64x2048 64x128x2048`` (heads x rows x topk; at
+least 64 heads and enough rows that the launch table picks wgmma_ws with one split)."""
+import importlib.util
+import math
+import sys
+import tempfile
+
+import torch
+
+PROBE = '''
+
+@gluon.jit
+def _probe(ws_out_ptr, k: gl.constexpr):
+    p = ws_out_ptr.to(gl.pointer_type(gl.int64)) + gl.program_id(0) * 64
+    g = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+    c = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+    gl.store(p + k, g)
+    gl.store(p + 32 + k, c)
+
+'''
+# (a line of wgmma_ws.py, the probe put before it) then (a line, the probe put after it); the
+# slot numbers are NAMES'.
+BEFORE = [("    _load_q(q_ptr, stride_qr", "    _probe(ws_out_ptr, 20)\n")]
+AFTER = [
+    ("    _async_copy.mbarrier_arrive(q_ready, increment_count=False)\n", "    _probe(ws_out_ptr, 21)\n"),
+    ("        _async_copy.mbarrier_arrive(kv_ready.index(slot), increment_count=False)\n",
+     "        if j == 0:\n            _probe(ws_out_ptr, 22)\n"),
+    ("        idx_a, idx_b = _tile_indices(idx_row_ptr, n_next, end, BLOCK_N, KV_FP8, gather_n, gather_r)\n",
+     "    _probe(ws_out_ptr, 23)\n"),
+    ("    mbarrier.wait(q_ready, 0)\n", "    _probe(ws_out_ptr, WG * 10 + 1)\n"),
+    ("                                  qk_scale, row_o, HALF, WG)\n", "            _probe(ws_out_ptr, 2)\n"),
+    ("                              row_o, HALF, WG)\n", "        if (WG == 1) & (t == 1):\n            _probe(ws_out_ptr, 12)\n"),
+    ("        mbarrier.arrive(kv_free.index((n_tiles - 1) % 2))\n", "    _probe(ws_out_ptr, WG * 10 + 3)\n"),
+    ("    l = l + stat_l.index(OTHER).load(row_s)\n", "    _probe(ws_out_ptr, WG * 10 + 4)\n"),
+    ("            gl.store(ws_lse_ptr + row.to(gl.int64) * stride_lr + split * stride_ls + h_s, lse, mask=h_s < H)\n",
+     "    _probe(ws_out_ptr, WG * 10 + 5)\n"),
+]
+NAMES = {20: "producer entry", 21: "q copies issued", 22: "tile 0 issued", 23: "last tile issued",
+         1: "c0 q landed", 2: "c0 tile 0 done", 3: "c0 loop done", 4: "c0 sums merged", 5: "c0 stored",
+         11: "c1 q landed", 12: "c1 tile 1 done", 13: "c1 loop done", 14: "c1 sums merged", 15: "c1 stored"}
+
+
+def instrumented_module():
+    """The wgmma_ws module with the probes, imported from a temporary file."""
+    src = open("graphattn/kernels/wgmma_ws.py").read()
+    src = src.replace("from ..common.kv_layout", "from graphattn.common.kv_layout")
+    src = src.replace("from .wgmma import", "from graphattn.kernels.wgmma import")
+    src = src.replace("\n\n@gluon.jit\ndef _producer(", PROBE + "\n@gluon.jit\ndef _producer(", 1)
+    for hooks, after in ((BEFORE, False), (AFTER, True)):
+        for anchor, text in hooks:
+            assert src.count(anchor) == 1, f"probe anchor not found once: {anchor!r}"
+            src = src.replace(anchor, anchor + text if after else text + anchor)
+    path = tempfile.NamedTemporaryFile("w", suffix="_wsprobe.py", delete=False)
+    path.write(src)
+    path.close()
+    spec = importlib.util.spec_from_file_location("graphattn.kernels.wsprobe", path.name)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(specs):
+    instrumented_module()
+    from graphattn.bench.kernels import make_copies
+    from graphattn.kernels import flashmla, sparse_mla_flashmla
+
+    flashmla.GLUON_KERNELS["wgmma_ws"] = ("wsprobe", "_flashmla_ws_kernel")
+    for spec in specs:
+        h, r, t = (int(x) for x in spec.split("x"))
+        sets = make_copies(r, h, t, 8)  # the last call's inputs are cold in L2
+        ws_out = torch.zeros(r, 1, h, 512, device="cuda")  # one split: written directly
+        ws_lse = torch.empty(r, 1, h, device="cuda")
+        for s in sets:
+            sparse_mla_flashmla(s["q"], s["kv"], s["idx"], 1 / math.sqrt(576), ws_out, ws_lse)
+        torch.cuda.synchronize()
+        assert flashmla.kernel_name(sets[0]["q"], sets[0]["kv"], t) == "wgmma_ws", "not a wgmma_ws shape"
+        progs = r * -(-h // 64)
+        p = ws_out.view(-1).view(torch.int64)[: progs * 64].view(progs, 64).cpu().double()
+        g, c = p[:, :32], p[:, 32:]
+        g0 = g[:, 20].min()
+        print(f"== {spec}: {progs} programs, span {(g[:, [5, 15]].max() - g0) / 1e3:.2f} us "
+              "(globaltimer ticks are ~0.26 us; clock64 at 1.98 GHz)")
+        for k, name in NAMES.items():
+            rel = (g[:, k] - g0) / 1e3
+            own = (c[:, k] - c[:, 20]) / 1980.0
+            print(f"  {name:17s} us from the first program's start: min {rel.min():7.2f} median "
+                  f"{rel.median():7.2f} max {rel.max():7.2f} | from its own start: median {own.median():7.2f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
