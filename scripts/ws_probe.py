@@ -27,9 +27,10 @@ def _probe(ws_out_ptr, k: gl.constexpr):
 '''
 # (a line of wgmma_ws.py, the probe put before it) then (a line, the probe put after it); the
 # slot numbers are NAMES'.
-BEFORE = [("    _load_q(q_ptr, stride_qr", "    _probe(ws_out_ptr, 20)\n")]
+BEFORE = [("    # A tile's indices in the two layouts its gather takes", "    _probe(ws_out_ptr, 20)\n")]
 AFTER = [
-    ("    _async_copy.mbarrier_arrive(q_ready, increment_count=False)\n", "    _probe(ws_out_ptr, 21)\n"),
+    ("    if WG == 0:\n        _load_q_first(q_ptr, stride_qr, stride_qh, row, hb, H, q_nope, q_rope, q_ready, "
+     "BLOCK_H, D_NOPE, D_ROPE)\n", "        _probe(ws_out_ptr, 21)\n"),
     ("        _async_copy.mbarrier_arrive(kv_ready.index(slot), increment_count=False)\n",
      "        if j == 0:\n            _probe(ws_out_ptr, 22)\n"),
     ("        idx_a, idx_b = _tile_indices(idx_row_ptr, n_next, end, BLOCK_N, KV_FP8, gather_n, gather_r)\n",
@@ -42,7 +43,7 @@ AFTER = [
     ("            gl.store(ws_lse_ptr + row.to(gl.int64) * stride_lr + split * stride_ls + h_s, lse, mask=h_s < H)\n",
      "    _probe(ws_out_ptr, WG * 10 + 5)\n"),
 ]
-NAMES = {20: "producer entry", 21: "q copies issued", 22: "tile 0 issued", 23: "last tile issued",
+NAMES = {20: "producer entry", 21: "c0 q copies issued", 22: "tile 0 issued", 23: "last tile issued",
          1: "c0 q landed", 2: "c0 tile 0 done", 3: "c0 loop done", 4: "c0 sums merged", 5: "c0 stored",
          11: "c1 q landed", 12: "c1 tile 1 done", 13: "c1 loop done", 14: "c1 sums merged", 15: "c1 stored"}
 

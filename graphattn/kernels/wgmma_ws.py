@@ -5,10 +5,12 @@ One program per (row, split, 64-head block), three warpgroups (launch ``num_warp
 ``maxnreg=168``; ``gl.warp_specialize`` runs the producer in the default partition and the two
 consumers as workers, registers moved to them with ``setmaxnreg``: 232 each, 40 for the producer):
 
-* **producer**: loads q once, then gathers 64-token KV tiles with 16-byte ``cp.async`` copies
-  into two shared-memory slots; each thread's copies complete on the slot's ``ready`` mbarrier
-  (``cp.async.mbarrier.arrive.noinc``), so no consumer issues copies or waits on copy groups.
-  A slot takes the tile two ahead once both consumers released it (``free``, two arrivals).
+* **producer**: gathers 64-token KV tiles with 16-byte ``cp.async`` copies into two
+  shared-memory slots; each thread's copies complete on the slot's ``ready`` mbarrier
+  (``cp.async.mbarrier.arrive.noinc``), so no consumer waits on copy groups. A slot takes the
+  tile two ahead once both consumers released it (``free``, two arrivals). Consumer 0 issues
+  q's copies (once, on ``q_ready``) before its first wait, so the first gather does not queue
+  behind them.
 * **consumers**: consumer ``w`` owns the tiles ``t`` with ``t % 2 == w``. For its own tile it
   computes the whole score tile ``S = q K^T`` (``[64, 64]``, q resident in shared memory), the
   online softmax (row max and sum within the warpgroup: no cross-warpgroup reduction), writes
@@ -73,6 +75,12 @@ FP8_GATHER = gl.constexpr(gl.BlockedLayout(
     size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0]))
 FP8_SCALES = gl.constexpr(gl.BlockedLayout(
     size_per_thread=[1, 1], threads_per_warp=[1, 32], warps_per_cta=[4, 1], order=[1, 0]))
+# The gathers' layouts, for 4 warps: the [64, 512] nope columns with rows spread over lanes (the
+# producer's 40 registers), and the [64, 64] rope columns.
+GATHER_N = gl.constexpr(gl.BlockedLayout(
+    size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4, 1], order=[1, 0]))
+GATHER_R = gl.constexpr(gl.BlockedLayout(
+    size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0]))
 # Shared-memory views of another dtype: ``reinterpret`` from triton 3.7 on, ``_reinterpret`` before.
 _NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
@@ -83,22 +91,22 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
               stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
               DIRECT: gl.constexpr, KV_FP8: gl.constexpr):
-    """Default partition (4 warps): q once, then every KV tile of the split into its slot. With
+    """Default partition (4 warps): every KV tile of the split into its slot, and for wgmma_tn
+    (``BLOCK_H`` 16 or 32) q first (wgmma_ws's consumer 0 loads its q: :func:`_load_q_first`,
+    so the first tile's gather goes out without waiting behind q's copies). With
     ``KV_FP8`` a tile is the tokens' 512 FP8 bytes, copied into the upper half of the slot's nope
     tile (``k_raw``: its bytes as uint8), their 4 float32 scales into ``k_scale`` and their 64
     bf16 rope values into the rope tile (``k_rope_bits``: its bytes as bf16), all completing on
     the slot's ``ready`` barrier; the tile's owner dequantises it in place before its scores."""
     q_nope, q_rope, k_nope, k_rope, stat_m, stat_l, k_raw, k_scale, k_rope_bits, k_scale_rows = smem
     q_ready, kv_ready, kv_free, p_ready, l_ready = bars
-    gather_n: gl.constexpr = gl.BlockedLayout(
-        size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4, 1], order=[1, 0])
-    gather_r: gl.constexpr = gl.BlockedLayout(
-        size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0])
+    gather_n: gl.constexpr = GATHER_N
+    gather_r: gl.constexpr = GATHER_R
     idx_row_ptr = idx_ptr + row.to(gl.int64) * stride_ir
 
-    _load_q(q_ptr, stride_qr, stride_qh, row, hb, H, q_nope.index(0), q_rope.index(0),
-            BLOCK_H, D_NOPE, D_ROPE, gather_n, gather_r)
-    _async_copy.mbarrier_arrive(q_ready, increment_count=False)
+    if BLOCK_H < 64:  # wgmma_tn: q (9-18 KB) from here (its consumer loading it measured slower)
+        _load_q_first(q_ptr, stride_qr, stride_qh, row, hb, H, q_nope, q_rope, q_ready,
+                      BLOCK_H, D_NOPE, D_ROPE)
 
     # A tile's indices in the two layouts its gather takes (the next tile's load during this one).
     idx_a, idx_b = _tile_indices(idx_row_ptr, start, end, BLOCK_N, KV_FP8, gather_n, gather_r)
@@ -116,6 +124,18 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
         _async_copy.mbarrier_arrive(kv_ready.index(slot), increment_count=False)
         n_next = start + (j + 1) * BLOCK_N
         idx_a, idx_b = _tile_indices(idx_row_ptr, n_next, end, BLOCK_N, KV_FP8, gather_n, gather_r)
+
+
+@gluon.jit
+def _load_q_first(q_ptr, stride_qr, stride_qh, row, hb, H, q_nope, q_rope, q_ready,
+                  BLOCK_H: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr):
+    """cp.async this program's q into shared memory, completing on ``q_ready`` (one arrival per
+    thread of the calling warpgroup). wgmma_ws's consumer 0 calls it first thing: from the
+    producer, the first tile's indices and gather waited behind q's copies (probed: the gather
+    went out 3.3 us into the program); wgmma_tn's producer calls it before its first gather."""
+    _load_q(q_ptr, stride_qr, stride_qh, row, hb, H, q_nope.index(0), q_rope.index(0),
+            BLOCK_H, D_NOPE, D_ROPE, GATHER_N, GATHER_R)
+    _async_copy.mbarrier_arrive(q_ready, increment_count=False)
 
 
 @gluon.jit
@@ -284,6 +304,8 @@ def _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
     idx_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     idx_row_ptr = idx_ptr + row.to(gl.int64) * stride_ir
 
+    if WG == 0:
+        _load_q_first(q_ptr, stride_qr, stride_qh, row, hb, H, q_nope, q_rope, q_ready, BLOCK_H, D_NOPE, D_ROPE)
     mbarrier.wait(q_ready, 0)
     m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_s)
     l = gl.full([BLOCK_H], 0.0, gl.float32, layout=row_s)
@@ -475,7 +497,7 @@ def _flashmla_ws_kernel(
         k_scale = stat_m
         k_scale_rows = stat_m
         k_rope_bits = k_rope
-    mbarrier.init(q_ready, count=128)  # one cp.async arrival per producer thread
+    mbarrier.init(q_ready, count=128)  # one cp.async arrival per thread of consumer 0
     for i in gl.static_range(STAGES):
         mbarrier.init(kv_ready.index(i), count=128)
         mbarrier.init(kv_free.index(i), count=2)  # one per consumer
