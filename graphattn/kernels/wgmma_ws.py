@@ -100,8 +100,6 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
     the slot's ``ready`` barrier; the tile's owner dequantises it in place before its scores."""
     q_nope, q_rope, k_nope, k_rope, stat_m, stat_l, k_raw, k_scale, k_rope_bits, k_scale_rows = smem
     q_ready, kv_ready, kv_free, p_ready, l_ready = bars
-    gather_n: gl.constexpr = GATHER_N
-    gather_r: gl.constexpr = GATHER_R
     idx_row_ptr = idx_ptr + row.to(gl.int64) * stride_ir
 
     if BLOCK_H < 64:  # wgmma_tn: q (9-18 KB) from here (its consumer loading it measured slower)
@@ -109,21 +107,21 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
                       BLOCK_H, D_NOPE, D_ROPE)
 
     # A tile's indices in the two layouts its gather takes (the next tile's load during this one).
-    idx_a, idx_b = _tile_indices(idx_row_ptr, start, end, BLOCK_N, KV_FP8, gather_n, gather_r)
+    idx_a, idx_b = _tile_indices(idx_row_ptr, start, end, BLOCK_N, KV_FP8, GATHER_N, GATHER_R)
     for j in range(0, n_tiles):
         slot = j % 2
         # Slot free: both consumers are done with tile j - 2 (a fresh barrier passes phase 1).
         mbarrier.wait(kv_free.index(slot), ((j // 2) & 1) ^ 1)
         if KV_FP8:  # the tokens' bytes: the tile's owner dequantises them (_dequantise_tile)
             _gather_fp8(kv_ptr, stride_kv, pool, idx_a, idx_b, k_raw.index(slot).slice(D_NOPE, D_NOPE, dim=1),
-                        k_rope_bits.index(slot), k_scale.index(slot), D_NOPE, D_ROPE, FP8_GATHER, gather_r,
+                        k_rope_bits.index(slot), k_scale.index(slot), D_NOPE, D_ROPE, FP8_GATHER, GATHER_R,
                         FP8_SCALES)
         else:
             _gather_tile(kv_ptr, stride_kv, pool, idx_a, idx_b, k_nope.index(slot), k_rope.index(slot),
-                         D_NOPE, D_ROPE, gather_n, gather_r)
+                         D_NOPE, D_ROPE, GATHER_N, GATHER_R)
         _async_copy.mbarrier_arrive(kv_ready.index(slot), increment_count=False)
         n_next = start + (j + 1) * BLOCK_N
-        idx_a, idx_b = _tile_indices(idx_row_ptr, n_next, end, BLOCK_N, KV_FP8, gather_n, gather_r)
+        idx_a, idx_b = _tile_indices(idx_row_ptr, n_next, end, BLOCK_N, KV_FP8, GATHER_N, GATHER_R)
 
 
 @gluon.jit
