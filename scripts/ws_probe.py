@@ -33,7 +33,7 @@ AFTER = [
      "BLOCK_H, D_NOPE, D_ROPE)\n", "        _probe(ws_out_ptr, 21)\n"),
     ("        _async_copy.mbarrier_arrive(kv_ready.index(slot), increment_count=False)\n",
      "        if j == 0:\n            _probe(ws_out_ptr, 22)\n"),
-    ("        idx_a, idx_b = _tile_indices(idx_row_ptr, n_next, end, BLOCK_N, KV_FP8, gather_n, gather_r)\n",
+    ("        idx_a, idx_b = _tile_indices(idx_row_ptr, n_next, end, BLOCK_N, KV_FP8, GATHER_N, GATHER_R)\n",
      "    _probe(ws_out_ptr, 23)\n"),
     ("    mbarrier.wait(q_ready, 0)\n", "    _probe(ws_out_ptr, WG * 10 + 1)\n"),
     ("                                  qk_scale, row_o, HALF, WG)\n", "            _probe(ws_out_ptr, 2)\n"),
