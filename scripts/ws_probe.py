@@ -9,11 +9,11 @@ Run from the repository root on an sm_90 GPU:
 least 64 heads and enough rows that the launch table picks wgmma_ws with one split)."""
 import importlib.util
 import math
+import os
 import sys
 import tempfile
 
-import torch
-
+KERNEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "graphattn", "kernels", "wgmma_ws.py")
 PROBE = '''
 
 @gluon.jit
@@ -48,18 +48,23 @@ NAMES = {20: "producer entry", 21: "c0 q copies issued", 22: "tile 0 issued", 23
          11: "c1 q landed", 12: "c1 tile 1 done", 13: "c1 loop done", 14: "c1 sums merged", 15: "c1 stored"}
 
 
-def instrumented_module():
-    """The wgmma_ws module with the probes, imported from a temporary file."""
-    src = open("graphattn/kernels/wgmma_ws.py").read()
+def instrumented_source() -> str:
+    """wgmma_ws's source with the probes (absolute imports, so it imports from anywhere)."""
+    src = open(KERNEL).read()
     src = src.replace("from ..common.kv_layout", "from graphattn.common.kv_layout")
     src = src.replace("from .wgmma import", "from graphattn.kernels.wgmma import")
     src = src.replace("\n\n@gluon.jit\ndef _producer(", PROBE + "\n@gluon.jit\ndef _producer(", 1)
     for hooks, after in ((BEFORE, False), (AFTER, True)):
         for anchor, text in hooks:
-            assert src.count(anchor) == 1, f"probe anchor not found once: {anchor!r}"
+            assert src.count(anchor) == 1, f"probe anchor not found once in {KERNEL}: {anchor!r}"
             src = src.replace(anchor, anchor + text if after else text + anchor)
+    return src
+
+
+def instrumented_module():
+    """The instrumented kernel's module, imported from a temporary file."""
     path = tempfile.NamedTemporaryFile("w", suffix="_wsprobe.py", delete=False)
-    path.write(src)
+    path.write(instrumented_source())
     path.close()
     spec = importlib.util.spec_from_file_location("graphattn.kernels.wsprobe", path.name)
     module = importlib.util.module_from_spec(spec)
@@ -69,6 +74,8 @@ def instrumented_module():
 
 
 def main(specs):
+    import torch
+
     instrumented_module()
     from graphattn.bench.kernels import make_copies
     from graphattn.kernels import flashmla, sparse_mla_flashmla
