@@ -331,7 +331,7 @@ def test_sm90_flashmla_picks_gluon_and_falls_back_for_unaligned_inputs(monkeypat
     q = torch.randn(4, 64, 576)
     kv = torch.randn(100, 576)
     kernel, cfg = flashmla._split_kernel(q, kv, 2048)
-    assert kernel.__name__ == "_flashmla_ws_kernel" and cfg["kernel"] == "wgmma_ws", cfg
+    assert kernel.__name__ == "_flashmla_rr_kernel" and cfg["kernel"] == "wgmma_rr", cfg  # branch round-schedule
     assert cfg["num_warps"] == 4 and cfg["maxnreg"] * 12 * 32 <= 65536, cfg  # 3 warpgroups must fit
     assert cfg["split_cost_blocks"] > 0 and "IDX_AHEAD" not in cfg, cfg
     for name, (q_bad, kv_bad) in {
@@ -361,7 +361,7 @@ def test_sm90_wgmma_splits_fill_whole_waves(monkeypatch, rows, heads, topk, want
     if not cuda_configs.gluon_available():
         pytest.skip("this triton has no Gluon Hopper dialect")
     cfg = path_config("flashmla", rows, heads, topk)
-    assert cfg.get("kernel") == "wgmma_ws", cfg
+    assert cfg.get("kernel") == "wgmma_rr", cfg  # branch round-schedule: 128-token rounds, same counts
     got = choose_splits(rows, heads, topk, cfg)
     assert got == want, f"[flashmla wgmma rows={rows} heads={heads} topk={topk}] {got} splits, want {want}"
 

@@ -39,7 +39,7 @@ def test_every_kernel_compiles_ahead_of_time(target):
     if target == "sm90":  # flashmla's Gluon kernel: Hopper only, with a triton that has Gluon
         from graphattn.cuda.configs import gluon_available
 
-        expected |= {"flashmla_wgmma_ws", "flashmla_wgmma_tn"} if gluon_available() else set()
+        expected |= {"flashmla_wgmma_ws", "flashmla_wgmma_tn", "flashmla_wgmma_rr"} if gluon_available() else set()
     assert compiled == expected, f"{target}: {compiled}"
     assert summary["failed"] == 0 and summary["compiled"] >= 4, summary
     # Every attention kernel also compiled reading 656-byte FP8 tokens, in the target's format.

@@ -61,6 +61,9 @@ _WGMMA_TILE = {"kernel": "wgmma_ws", "BLOCK_H": 64, "BLOCK_N": 64, "STAGES": 2, 
 # gathered, converted and computed in turn (kernels/wgmma_fp8.py up to 4011a35): 128 x 512 rows
 # 1582 -> 877 us, 64 x 64 110 -> 72, 16 x 512 784 -> 434 (docs/benchmarks.md).
 _WGMMA_FP8_TILE = {**_WGMMA_TILE, "KV_FP8": 1}
+# Branch round-schedule (draft, not yet measured): bf16/fp16 kv at 64+ heads run
+# graphattn.kernels.wgmma_rr, FlashMLA's round schedule (BLOCK_N is a round of two 64-token tiles).
+_WGMMA_RR_TILE = {**_WGMMA_TILE, "kernel": "wgmma_rr", "BLOCK_N": 128}
 # At most TN_MAX_HEADS heads flashmla runs the tokens-major Gluon kernel instead
 # (graphattn.kernels.wgmma_tn: tokens on the wgmma's M side, 16 or 32 heads on N, so few heads
 # do not pay for the 64 an M tile holds; the same producer, each consumer owning alternate tiles
@@ -203,7 +206,7 @@ def kernel_config(path: str, rows: int = 1, heads: int = 64, topk: int = 2048,
         elif _kv_major(path, rows, heads, capability):
             tiles = dict(_KV_MAJOR_TILE)
         elif _wgmma(path, capability):
-            tiles = dict(_WGMMA_TILE)
+            tiles = dict(_WGMMA_RR_TILE)
         else:
             tiles = _tiles(heads)
         cfg = {**tiles, **_split_host(path, heads, rows, tiles)}
@@ -224,4 +227,4 @@ def all_configs(path: str, kv_fp8: bool = False) -> list[dict[str, Any]]:
     tiles = [_tiles(max_heads) for max_heads, _ in _TILES]
     if not path.startswith("flashmla"):
         return tiles
-    return tiles + [dict(_KV_MAJOR_TILE)] + ([dict(_WGMMA_TILE)] + tn if gluon else [])
+    return tiles + [dict(_KV_MAJOR_TILE)] + ([dict(_WGMMA_RR_TILE)] + tn if gluon else [])

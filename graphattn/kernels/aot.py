@@ -38,12 +38,13 @@ KERNELS = {
     "flashmla_split": ("graphattn.kernels.flashmla", "_flashmla_split_kernel", "flashmla"),
     "flashmla_wgmma_ws": ("graphattn.kernels.wgmma_ws", "_flashmla_ws_kernel", "flashmla"),
     "flashmla_wgmma_tn": ("graphattn.kernels.wgmma_tn", "_flashmla_tn_kernel", "flashmla"),
+    "flashmla_wgmma_rr": ("graphattn.kernels.wgmma_rr", "_flashmla_rr_kernel", "flashmla"),
     "flashmla_combine": ("graphattn.kernels.flashmla", "_flashmla_combine_kernel", "flashmla_combine"),
     "trtllm": ("graphattn.kernels.trtllm", "_trtllm_kernel", "trtllm"),
     "mega": ("graphattn.kernels.mega", "_mega_kernel", "mega"),
 }
 # the "kernel" value of the configs each non-Triton kernel runs
-_KERNEL_KEY = {"flashmla_wgmma_ws": "wgmma_ws", "flashmla_wgmma_tn": "wgmma_tn"}
+_KERNEL_KEY = {"flashmla_wgmma_ws": "wgmma_ws", "flashmla_wgmma_tn": "wgmma_tn", "flashmla_wgmma_rr": "wgmma_rr"}
 _F32_PTRS = ("ws_out_ptr", "ws_lse_ptr", "lse_ptr")
 _I32_PTRS = ("idx_ptr", "counter_ptr")
 

@@ -90,6 +90,7 @@ def _flashmla_combine_kernel(
 GLUON_KERNELS = {
     "wgmma_ws": ("wgmma_ws", "_flashmla_ws_kernel"),  # warp-specialised: bf16/fp16 kv and FP8 tokens
     "wgmma_tn": ("wgmma_tn", "_flashmla_tn_kernel"),  # the same for <= 32 heads: heads on the N side
+    "wgmma_rr": ("wgmma_rr", "_flashmla_rr_kernel"),  # bf16/fp16 kv in rounds of two tiles (draft)
 }
 
 

@@ -292,7 +292,6 @@ def _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
     q_nope, q_rope, k_nope, k_rope, stat_m, stat_l, k_raw, k_scale, k_rope_bits, k_scale_rows = smem
     q_ready, kv_ready, kv_free, p_ready, l_ready = bars
     HALF: gl.constexpr = D_NOPE // 2
-    OTHER: gl.constexpr = 1 - WG
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -343,6 +342,20 @@ def _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
         mbarrier.arrive(kv_free.index((n_tiles - 1) % 2))
 
     # The row sum is split between the two consumers (each summed its own tiles' P): add them.
+    _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr, row, hb, split, H,
+            stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, row_s, o_layout, BLOCK_H, D_NOPE, DIRECT, WG)
+
+
+@gluon.jit
+def _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr, row, hb, split, H,
+            stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, row_s: gl.constexpr, o_layout: gl.constexpr,
+            BLOCK_H: gl.constexpr, D_NOPE: gl.constexpr, DIRECT: gl.constexpr, WG: gl.constexpr):
+    """Consumer ``WG``'s end: add the other consumer's row sum ``l`` (both at the row max ``m``),
+    then store its half of the normalised output (``acc`` ``[BLOCK_H, 256]``, columns ``WG *
+    256``) and, consumer 0, the lse: the final ``out``/``lse`` (``DIRECT``) or a split's partial."""
+    HALF: gl.constexpr = D_NOPE // 2
+    OTHER: gl.constexpr = 1 - WG
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     stat_l.index(WG).store(l)
     _cta_barrier()
     mbarrier.arrive(l_ready.index(WG))
