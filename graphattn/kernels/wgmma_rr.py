@@ -114,9 +114,9 @@ def _scores_half(q_nope, q_rope, k_nope, k_rope, ready, slot: gl.constexpr, RIGH
 
 
 @gluon.jit
-def _masked(s, idx_row_ptr, n0, end, pool, qk_scale, s_layout: gl.constexpr, TILE: gl.constexpr):
-    """Scores in base 2 with tokens past ``end`` or outside ``[0, pool)`` at -inf."""
-    idx = _load_indices(idx_row_ptr, n0, end, TILE, gl.SliceLayout(0, s_layout))
+def _masked(s, idx, pool, qk_scale):
+    """Scores in base 2 with the tokens whose index (``idx``: -1 past the split's end) is outside
+    ``[0, pool)`` at -inf."""
     valid = (idx >= 0) & (idx < pool)
     return gl.where(valid[None, :], s * qk_scale, float("-inf"))
 
@@ -158,7 +158,8 @@ def _consumer_rr(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out
     for r in range(0, n_rounds):
         ph = r & 1
         q0 = (r + n_rounds < 0).to(gl.int32)  # 0, not known to be: q's descriptors stay in the loop
-        n_mine = start + r * BLOCK_N + WG * TILE
+        # My tile's indices (for the mask) load while its scores wait and run (off the softmax's path).
+        idx = _load_indices(idx_row_ptr, start + r * BLOCK_N + WG * TILE, end, TILE, gl.SliceLayout(0, s_layout))
         if WG == 0:  # k0: L, then R
             s = _scores_half(q_nope, q_rope, k_nope, k_rope, ready, 0, 0, ph, q0, zeros_s, False)
             s = _scores_half(q_nope, q_rope, k_nope, k_rope, ready, 0, 1, ph, q0, s, True)
@@ -166,7 +167,7 @@ def _consumer_rr(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out
             s = _scores_half(q_nope, q_rope, k_nope, k_rope, ready, 1, 1, ph, q0, zeros_s, False)
             s = _scores_half(q_nope, q_rope, k_nope, k_rope, ready, 1, 0, ph, q0, s, True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        s = _masked(s, idx_row_ptr, n_mine, end, pool, qk_scale, s_layout, TILE)
+        s = _masked(s, idx, pool, qk_scale)
         m_new = gl.maximum(m, gl.max(s, axis=1))
         if WG == 1:  # the round's max includes consumer 0's
             mbarrier.wait(m0_ready, ph)
@@ -192,7 +193,9 @@ def _consumer_rr(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out
             mbarrier.arrive(free.index(0))  # k0 L
             mbarrier.wait(m1_ready, ph)
             m_round = stat_m.load(row_s)
-            scale = gl.exp2(_ref(m_new) - _ref(m_round))
+            # To the round's max; 0 while I have seen nothing valid (my P, sum and output are 0,
+            # and exp2(0 - m_round) could overflow to inf: 0 * inf is NaN).
+            scale = gl.where(m_new == float("-inf"), 0.0, gl.exp2(m_new - _ref(m_round)))
             k_rope.index(0).store((p * scale[:, None]).to(dtype))  # P0 over k0's rope (its scores are done)
             fence_async_shared()  # P0 (generic stores) before consumer 1's wgmma reads it (async proxy)
             _cta_barrier()
@@ -220,6 +223,7 @@ def _consumer_rr(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out
     # Both hold their outputs and sums at the last round's max: add the sums, store.
     _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr, row, hb, split, H,
             stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, row_s, o_layout, BLOCK_H, D_NOPE, DIRECT, WG)
+
 
 @gluon.jit
 def _consumer_rr0(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
