@@ -331,7 +331,7 @@ def test_sm90_flashmla_picks_gluon_and_falls_back_for_unaligned_inputs(monkeypat
     q = torch.randn(4, 64, 576)
     kv = torch.randn(100, 576)
     kernel, cfg = flashmla._split_kernel(q, kv, 2048)
-    assert kernel.__name__ == "_flashmla_rr_kernel" and cfg["kernel"] == "wgmma_rr", cfg  # branch round-schedule
+    assert kernel.__name__ == "_flashmla_rr_kernel" and cfg["kernel"] == "wgmma_rr", cfg
     assert cfg["num_warps"] == 4 and cfg["maxnreg"] * 12 * 32 <= 65536, cfg  # 3 warpgroups must fit
     assert cfg["split_cost_blocks"] > 0 and "IDX_AHEAD" not in cfg, cfg
     for name, (q_bad, kv_bad) in {
@@ -348,6 +348,36 @@ def test_sm90_flashmla_picks_gluon_and_falls_back_for_unaligned_inputs(monkeypat
 
 
 @pytest.mark.parametrize("rows,heads,topk,want", [
+    (1, 128, 2048, "wgmma_ws"),  # rr: 2 head blocks x 16 one-round splits = 32 programs
+    (2, 64, 2048, "wgmma_ws"),
+    (3, 64, 2048, "wgmma_rr"),  # 48 programs
+    (2, 128, 2048, "wgmma_rr"),
+    (1, 128, 8192, "wgmma_rr"),  # 32 splits of two rounds
+    (512, 128, 2048, "wgmma_rr"),
+    (64, 64, 2048, "wgmma_rr"),
+])
+def test_sm90_bf16_picks_rounds_where_the_launch_has_enough_programs(monkeypatch, rows, heads, topk, want):
+    """bf16 kv at 64+ heads runs wgmma_rr (rounds of two tiles), except where its whole-round
+    splits would leave fewer than WGMMA_RR_MIN_PROGRAMS programs (wgmma_ws's one-tile splits
+    measured faster there); FP8 tokens keep wgmma_ws at every size."""
+    from graphattn.kernels import flashmla
+    from graphattn.kernels.plan import choose_splits, path_config
+
+    cuda_configs = _use_sm90_settings(monkeypatch)
+    if not cuda_configs.gluon_available():
+        pytest.skip("this triton has no Gluon Hopper dialect")
+    cfg = path_config("flashmla", rows, heads, topk)
+    assert cfg.get("kernel") == want, f"[flashmla rows={rows} heads={heads} topk={topk}] {cfg}"
+    rr = {**cfg, **cuda_configs._WGMMA_RR_TILE}
+    programs = rows * (heads // 64) * choose_splits(rows, heads, topk, rr)
+    assert (programs >= cuda_configs.WGMMA_RR_MIN_PROGRAMS) == (want == "wgmma_rr"), (programs, cfg)
+    q, kv = torch.randn(rows, heads, 576), torch.randn(100, 576)
+    assert flashmla.kernel_name(q, kv, topk) == want
+    fp8 = path_config("flashmla", rows, heads, topk, kv_fp8=True)
+    assert fp8.get("kernel") == "wgmma_ws" and fp8.get("KV_FP8") == 1, fp8
+
+
+@pytest.mark.parametrize("rows,heads,topk,want", [
     (64, 64, 2048, 2),  # 64 programs: one wave of 128, not two waves of 192
     (8, 64, 2048, 16),  # 8 programs: 128 in one wave
     (64, 128, 2048, 1),  # 128 programs already fill a wave
@@ -361,7 +391,7 @@ def test_sm90_wgmma_splits_fill_whole_waves(monkeypatch, rows, heads, topk, want
     if not cuda_configs.gluon_available():
         pytest.skip("this triton has no Gluon Hopper dialect")
     cfg = path_config("flashmla", rows, heads, topk)
-    assert cfg.get("kernel") == "wgmma_rr", cfg  # branch round-schedule: 128-token rounds, same counts
+    assert cfg.get("kernel") in ("wgmma_rr", "wgmma_ws"), cfg
     got = choose_splits(rows, heads, topk, cfg)
     assert got == want, f"[flashmla wgmma rows={rows} heads={heads} topk={topk}] {got} splits, want {want}"
 

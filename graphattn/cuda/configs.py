@@ -47,9 +47,9 @@ _KV_MAJOR_TILE = {"BLOCK_H": 16, "BLOCK_N": 64, "IDX_AHEAD": 0, "KV_MAJOR": 1, "
 # Everywhere else flashmla runs a hand-scheduled Gluon kernel: 64 heads per program, a 2-slot
 # ring of 64-token KV tiles (q and the ring fill the shared memory: one program per SM). "kernel"
 # is a host key: it names the function (graphattn.kernels.flashmla.GLUON_KERNELS).
-# bf16/fp16 kv: the warp-specialised kernel (graphattn.kernels.wgmma_ws: a producer warpgroup
-# gathers, two consumer warpgroups take turns at the scores; 12 warps, so maxnreg 168 at launch
-# and setmaxnreg inside). Kernel tables before/after (us, docs/benchmarks.md): 128 x 512 rows
+# bf16/fp16 kv where wgmma_rr (below) would have few programs: the warp-specialised kernel
+# (graphattn.kernels.wgmma_ws: a producer warpgroup gathers, two consumer warpgroups take turns
+# at the scores; 12 warps, so maxnreg 168 at launch and setmaxnreg inside). Kernel tables before/after (us, docs/benchmarks.md): 128 x 512 rows
 # 862.5 -> 623.3, 128 x 64 x topk 8192 407.1 -> 285.7, 64 x 64 67.1 -> 57.7, 16 x 512 415.1 ->
 # 317.2, 128 x 8 26.3 -> 23.1, 1-2 rows within 0.2 (the predecessor, 8 warps that gathered and
 # computed in turn, replaced at 4e1066f). That predecessor measured against 32-token tiles with 3
@@ -61,9 +61,16 @@ _WGMMA_TILE = {"kernel": "wgmma_ws", "BLOCK_H": 64, "BLOCK_N": 64, "STAGES": 2, 
 # gathered, converted and computed in turn (kernels/wgmma_fp8.py up to 4011a35): 128 x 512 rows
 # 1582 -> 877 us, 64 x 64 110 -> 72, 16 x 512 784 -> 434 (docs/benchmarks.md).
 _WGMMA_FP8_TILE = {**_WGMMA_TILE, "KV_FP8": 1}
-# Branch round-schedule (draft, not yet measured): bf16/fp16 kv at 64+ heads run
-# graphattn.kernels.wgmma_rr, FlashMLA's round schedule (BLOCK_N is a round of two 64-token tiles).
+# bf16/fp16 kv at 64+ heads: FlashMLA's round schedule (graphattn.kernels.wgmma_rr: rounds of
+# two 64-token tiles, one per consumer, both scores at once, each P V fed from registers; BLOCK_N
+# is a round). A/B against wgmma_ws in one H200 call (us, kernel table method, docs/benchmarks.md):
+# 128 x 512 rows 582.9 -> 548.5, 128 x 64 x topk 8192 272.9 -> 258.5, 128 x 64 73.4 -> 71.3,
+# 64 x 512 333.5 -> 329.3, 128 x 8 22.5 -> 22.3, 64 x 3 15.2 -> 14.1, 64 x 4 17.1 -> 14.9,
+# 128 x 2 16.2 -> 14.1, 128 x 1 x 8192 17.9 -> 17.2. Its splits are whole rounds, so where a
+# launch would have fewer than WGMMA_RR_MIN_PROGRAMS programs wgmma_ws's one-tile splits are
+# faster (twice the programs): 128 x 1 11.9 vs 12.7, 64 x 2 12.2 vs 13.1 (32 rr programs each).
 _WGMMA_RR_TILE = {**_WGMMA_TILE, "kernel": "wgmma_rr", "BLOCK_N": 128}
+WGMMA_RR_MIN_PROGRAMS = 48  # 48 (64 x 3) measured faster with rr, 32 slower; between, untested
 # At most TN_MAX_HEADS heads flashmla runs the tokens-major Gluon kernel instead
 # (graphattn.kernels.wgmma_tn: tokens on the wgmma's M side, 16 or 32 heads on N, so few heads
 # do not pay for the 64 an M tile holds; the same producer, each consumer owning alternate tiles
@@ -116,6 +123,15 @@ def _tn_tile(path: str, rows: int, heads: int, capability: tuple[int, int], kv_f
         return None
     tile = _WGMMA_TN_TILES[block]
     return {**tile, "KV_FP8": 1} if kv_fp8 else dict(tile)
+
+
+def _wgmma_bf16_tile(rows: int, heads: int, topk: int) -> dict[str, Any]:
+    """wgmma_rr's setting, or wgmma_ws's where rr's launch would have fewer than
+    WGMMA_RR_MIN_PROGRAMS programs (counted at the most splits choose_splits may give it)."""
+    head_rows = rows * -(-heads // _WGMMA_RR_TILE["BLOCK_H"])
+    rounds = -(-max(topk, 1) // _WGMMA_RR_TILE["BLOCK_N"])
+    programs = head_rows * min(FLASHMLA_MAX_SPLITS, rounds, max(1, -(-SM90_SMS // max(1, head_rows))))
+    return dict(_WGMMA_RR_TILE if programs >= WGMMA_RR_MIN_PROGRAMS else _WGMMA_TILE)
 
 
 def _kv_major(path: str, rows: int, heads: int, capability: tuple[int, int]) -> bool:
@@ -206,7 +222,7 @@ def kernel_config(path: str, rows: int = 1, heads: int = 64, topk: int = 2048,
         elif _kv_major(path, rows, heads, capability):
             tiles = dict(_KV_MAJOR_TILE)
         elif _wgmma(path, capability):
-            tiles = dict(_WGMMA_RR_TILE)
+            tiles = _wgmma_bf16_tile(rows, heads, topk)
         else:
             tiles = _tiles(heads)
         cfg = {**tiles, **_split_host(path, heads, rows, tiles)}
@@ -227,4 +243,4 @@ def all_configs(path: str, kv_fp8: bool = False) -> list[dict[str, Any]]:
     tiles = [_tiles(max_heads) for max_heads, _ in _TILES]
     if not path.startswith("flashmla"):
         return tiles
-    return tiles + [dict(_KV_MAJOR_TILE)] + ([dict(_WGMMA_RR_TILE)] + tn if gluon else [])
+    return tiles + [dict(_KV_MAJOR_TILE)] + ([dict(_WGMMA_RR_TILE), dict(_WGMMA_TILE)] + tn if gluon else [])

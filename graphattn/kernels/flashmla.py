@@ -90,7 +90,7 @@ def _flashmla_combine_kernel(
 GLUON_KERNELS = {
     "wgmma_ws": ("wgmma_ws", "_flashmla_ws_kernel"),  # warp-specialised: bf16/fp16 kv and FP8 tokens
     "wgmma_tn": ("wgmma_tn", "_flashmla_tn_kernel"),  # the same for <= 32 heads: heads on the N side
-    "wgmma_rr": ("wgmma_rr", "_flashmla_rr_kernel"),  # bf16/fp16 kv in rounds of two tiles (draft)
+    "wgmma_rr": ("wgmma_rr", "_flashmla_rr_kernel"),  # bf16/fp16 kv in rounds of two tiles
 }
 
 
@@ -133,7 +133,8 @@ def _select(rows: int, heads: int, topk: int, aligned: bool,
 
 def kernel_name(q: torch.Tensor, kv: torch.Tensor, topk: int) -> str:
     """The split kernel a launch over ``q`` and ``kv`` runs: a key of :data:`GLUON_KERNELS`
-    (Gluon, sm_90: ``"wgmma_ws"``, or ``"wgmma_tn"`` at <= 32 heads, for kv in q's dtype and FP8 tokens),
+    (Gluon, sm_90: ``"wgmma_rr"`` for kv in q's dtype at 64+ heads where the launch has enough
+    programs, ``"wgmma_ws"`` where not and for FP8 tokens, ``"wgmma_tn"`` at <= 32 heads),
     ``"triton_kv_major"`` (the tokens-major Triton tile) or ``"triton"`` (the heads-major tiles)."""
     return _select(q.shape[0], q.shape[1], topk, aligned_16(q, kv), is_fp8_kv(kv))[2]
 

@@ -1,5 +1,5 @@
-"""flashmla's split kernel for sm_90 in rounds of two KV tiles (Gluon; draft, not yet run on a GPU):
-both consumers' scores at once, the local P fed to its products from registers, and the ring's
+"""flashmla's split kernel for sm_90 in rounds of two KV tiles (Gluon), for bf16/fp16 kv at 64+
+heads where a launch has enough programs (``graphattn.cuda.configs``): both consumers' scores at once, the local P fed to its products from registers, and the ring's
 halves released at different points of a round, so the producer refills part of a slot early.
 
 One program per (row, split, 64-head block), three warpgroups as in
