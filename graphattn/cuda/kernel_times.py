@@ -6,7 +6,8 @@ docs/benchmarks.md, "Kernels", whose table these numbers are: a test checks that
 Measured 2026-11-30 on one H200, torch 2.11, triton 3.6, at commit e9e67c2 (flashmla with the
 tokens-major kernel at <= 32 heads); the flashmla numbers again at a925a51 (the warp-specialised
 kernel's one-split output stored through shared memory; 19ed657, q loaded by its consumer, measured
-1-3% faster in an A/B at 1-64 rows and not re-tabled). FP8 (656-byte tokens): the same table with
+1-3% faster in an A/B at 1-64 rows and not re-tabled), and the whole flashmla column again on
+2026-12-01 at 6f924a3 (``wgmma_rr`` for bf16 at 64+ heads). FP8 (656-byte tokens): the same table with
 ``--kv-dtype fp8`` (docs/benchmarks.md, "FP8 kernel table").
 """
 
@@ -15,26 +16,26 @@ from __future__ import annotations
 H200_US: dict[tuple[int, int, int], dict[str, float]] = {
     (16, 1, 2048): {"flashmla": 9.0, "trtllm": 24.5, "mega": 115.7},
     (16, 8, 2048): {"flashmla": 14.3, "trtllm": 26.7, "mega": 118.0},
-    (16, 64, 2048): {"flashmla": 46.2, "trtllm": 66.2, "mega": 122.3},
-    (16, 512, 2048): {"flashmla": 295.8, "trtllm": 334.0, "mega": 334.4},
-    (32, 1, 2048): {"flashmla": 9.5, "trtllm": 36.5, "mega": 145.3},
-    (32, 8, 2048): {"flashmla": 16.0, "trtllm": 39.4, "mega": 145.8},
-    (32, 64, 2048): {"flashmla": 52.4, "trtllm": 91.2, "mega": 148.7},
-    (32, 512, 2048): {"flashmla": 317.7, "trtllm": 434.7, "mega": 434.1},
+    (16, 64, 2048): {"flashmla": 46.4, "trtllm": 66.2, "mega": 122.3},
+    (16, 512, 2048): {"flashmla": 296.8, "trtllm": 334.0, "mega": 334.4},
+    (32, 1, 2048): {"flashmla": 9.6, "trtllm": 36.5, "mega": 145.3},
+    (32, 8, 2048): {"flashmla": 15.8, "trtllm": 39.4, "mega": 145.8},
+    (32, 64, 2048): {"flashmla": 52.5, "trtllm": 91.2, "mega": 148.7},
+    (32, 512, 2048): {"flashmla": 318.2, "trtllm": 434.7, "mega": 434.1},
     (64, 1, 2048): {"flashmla": 10.0, "trtllm": 37.7, "mega": 145.1},
-    (64, 8, 2048): {"flashmla": 20.0, "trtllm": 40.2, "mega": 146.1},
-    (64, 64, 2048): {"flashmla": 57.1, "trtllm": 120.8, "mega": 149.8},
-    (64, 512, 2048): {"flashmla": 326.8, "trtllm": 855.1, "mega": 855.1},
-    (128, 1, 2048): {"flashmla": 12.3, "trtllm": 39.0, "mega": 145.0},
-    (128, 8, 2048): {"flashmla": 23.1, "trtllm": 63.5, "mega": 145.7},
-    (128, 64, 2048): {"flashmla": 75.4, "trtllm": 217.5, "mega": 216.8},
-    (128, 512, 2048): {"flashmla": 584.8, "trtllm": 1736.9, "mega": 1726.0},
-    (16, 64, 8192): {"flashmla": 148.0, "trtllm": 209.0, "mega": 464.8},
-    (64, 64, 8192): {"flashmla": 163.0, "trtllm": 429.2, "mega": 575.1},
-    (128, 64, 8192): {"flashmla": 272.2, "trtllm": 837.0, "mega": 834.6},
-    (16, 8, 32768): {"flashmla": 80.0, "trtllm": 232.5, "mega": 1820.0},
-    (64, 8, 32768): {"flashmla": 89.4, "trtllm": 300.2, "mega": 2253.7},
-    (128, 8, 32768): {"flashmla": 145.8, "trtllm": 676.7, "mega": 2244.9},
+    (64, 8, 2048): {"flashmla": 19.6, "trtllm": 40.2, "mega": 146.1},
+    (64, 64, 2048): {"flashmla": 56.6, "trtllm": 120.8, "mega": 149.8},
+    (64, 512, 2048): {"flashmla": 319.7, "trtllm": 855.1, "mega": 855.1},
+    (128, 1, 2048): {"flashmla": 12.0, "trtllm": 39.0, "mega": 145.0},
+    (128, 8, 2048): {"flashmla": 22.4, "trtllm": 63.5, "mega": 145.7},
+    (128, 64, 2048): {"flashmla": 71.1, "trtllm": 217.5, "mega": 216.8},
+    (128, 512, 2048): {"flashmla": 540.3, "trtllm": 1736.9, "mega": 1726.0},
+    (16, 64, 8192): {"flashmla": 148.1, "trtllm": 209.0, "mega": 464.8},
+    (64, 64, 8192): {"flashmla": 164.2, "trtllm": 429.2, "mega": 575.1},
+    (128, 64, 8192): {"flashmla": 255.7, "trtllm": 837.0, "mega": 834.6},
+    (16, 8, 32768): {"flashmla": 80.3, "trtllm": 232.5, "mega": 1820.0},
+    (64, 8, 32768): {"flashmla": 90.7, "trtllm": 300.2, "mega": 2253.7},
+    (128, 8, 32768): {"flashmla": 137.0, "trtllm": 676.7, "mega": 2244.9},
 }
 
 H200_US_FP8: dict[tuple[int, int, int], dict[str, float]] = {
