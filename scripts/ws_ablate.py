@@ -2,15 +2,17 @@
 sweep with timing-only variants (results wrong by design): ``full``, ``nogather`` (the producer
 copies nothing: the products and softmax alone), ``nomma`` (no wgmma: the gathers alone). The
 slope over topk is the time per 64-token tile, the intercept the fixed cost of a program.
+``rr-VARIANT`` does the same to the round-schedule kernel (wgmma_rr, bf16 at 64+ heads where the
+launch has enough programs; ``nogather`` there skips its KV copies, not q's).
 Run from the repository root on an sm_90 GPU:
-``PYTHONPATH=. python scripts/ws_ablate.py VARIANT [HEADSxROWSxTOPK ...]`` (the kernel table's
-method, graphattn.bench.kernels.measure)."""
+``PYTHONPATH=. python scripts/ws_ablate.py [rr-]VARIANT [HEADSxROWSxTOPK ...]`` (the kernel
+table's method, graphattn.bench.kernels.measure)."""
 import sys
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from graphattn.kernels import wgmma_ws
+from graphattn.kernels import wgmma_rr, wgmma_ws
 from tn_ablate import _no_mma, _no_wait  # the same stand-ins for wgmma (this script's folder is on sys.path)
 
 
@@ -20,15 +22,28 @@ def _no_gather(kv_ptr, stride_kv, pool, idx_n, idx_r, kn_slot, kr_slot, D_NOPE: 
     pass
 
 
+@gluon.jit
+def _no_load(dst, ptrs, mask=None):
+    pass
+
+
 if __name__ == "__main__":
     variant = sys.argv[1]
-    if variant == "nogather":
+    if variant.startswith("rr-"):
+        if variant == "rr-nogather":
+            wgmma_rr._async_load = _no_load
+        elif variant == "rr-nomma":
+            wgmma_rr.warpgroup_mma = _no_mma
+            wgmma_rr.warpgroup_mma_wait = _no_wait
+        elif variant != "rr-full":
+            sys.exit(f"unknown variant {variant!r}: rr-full, rr-nogather or rr-nomma")
+    elif variant == "nogather":
         wgmma_ws._gather_tile = _no_gather
     elif variant == "nomma":
         wgmma_ws.warpgroup_mma = _no_mma
         wgmma_ws.warpgroup_mma_wait = _no_wait
     elif variant != "full":
-        sys.exit(f"unknown variant {variant!r}: full, nogather or nomma")
+        sys.exit(f"unknown variant {variant!r}: [rr-]full, [rr-]nogather or [rr-]nomma")
     from graphattn.bench.kernels import measure
 
     shapes = [(128, 64, t) for t in (256, 512, 1024, 2048, 4096, 8192)] + [(64, 128, 2048), (64, 64, 2048)]
