@@ -14,9 +14,10 @@ python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_kernel
 tail -3 "$OUT/pytest_kernels_gpu.log"
 
 # One small call per path under memcheck: any out-of-bounds or misaligned access is an error.
-# flashmla runs twice: 3 rows (the warp-specialised Gluon kernel on sm_90) and 1 row (the
-# tokens-major KV_MAJOR Triton tile). The Gluon kernel also runs under synccheck (its warpgroups
-# meet at named barriers and mbarriers). Not racecheck: it does not follow mbarrier ordering and
+# flashmla runs three times: 64 rows (on sm_90 the round-schedule Gluon kernel, wgmma_rr), 3 rows
+# (too few programs for it: the warp-specialised wgmma_ws) and 1 row (the tokens-major KV_MAJOR
+# Triton tile). Both Gluon kernels also run under synccheck (their warpgroups meet at named
+# barriers and mbarriers). Not racecheck: it does not follow mbarrier ordering and
 # reports hazards between accesses an mbarrier orders, inside Triton's own warp-specialisation
 # code too (docs/benchmarks.md, "warp-specialised kernel").
 call="$(mktemp --suffix=.py)"
@@ -34,13 +35,16 @@ md = GraphMetadata(rows, heads, topk, q.dtype, "cuda", **plan.metadata_kwargs())
 if path == "mega":
     out, lse = sparse_mla_mega(q, kv, idx, 0.04)
 elif path == "flashmla":
+    from graphattn.kernels.flashmla import kernel_name
+    print("flashmla kernel:", kernel_name(q, kv, topk))
     out, lse = sparse_mla_flashmla(q, kv, idx, 0.04, *md.workspace_for(rows))
 else:
     out, lse = sparse_mla_trtllm(q, kv, idx, 0.04, md.counter_for(rows), *md.workspace_for(rows))
 torch.cuda.synchronize()
 print(path, rows, "rows, finite:", bool(out.isfinite().all()), "plan:", plan)
 PY
-for run in memcheck:flashmla:3 memcheck:flashmla:1 memcheck:trtllm:3 memcheck:mega:3 synccheck:flashmla:3; do
+for run in memcheck:flashmla:64 memcheck:flashmla:3 memcheck:flashmla:1 memcheck:trtllm:3 memcheck:mega:3 \
+    synccheck:flashmla:64 synccheck:flashmla:3; do
   IFS=: read -r tool path rows <<<"$run"
   log="$OUT/${tool}_${path}_${rows}rows.log"
   compute-sanitizer --tool "$tool" --error-exitcode 3 python3 "$call" "$path" "$rows" >"$log" 2>&1 || status=1
