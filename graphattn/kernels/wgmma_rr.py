@@ -226,32 +226,6 @@ def _consumer_rr(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out
 
 
 @gluon.jit
-def _consumer_rr0(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-                  H, pool, qk_scale, row, hb, split, start, end, n_rounds,
-                  stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-                  BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-                  DIRECT: gl.constexpr):
-    """Worker partition: consumer 0."""
-    _consumer_rr(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-                 H, pool, qk_scale, row, hb, split, start, end, n_rounds,
-                 stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-                 BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 0)
-
-
-@gluon.jit
-def _consumer_rr1(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-                  H, pool, qk_scale, row, hb, split, start, end, n_rounds,
-                  stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-                  BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-                  DIRECT: gl.constexpr):
-    """Worker partition: consumer 1."""
-    _consumer_rr(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-                 H, pool, qk_scale, row, hb, split, start, end, n_rounds,
-                 stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-                 BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 1)
-
-
-@gluon.jit
 def _flashmla_rr_kernel(
     q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
     H, pool, topk, split_len, num_splits, qk_scale,
@@ -311,12 +285,12 @@ def _flashmla_rr_kernel(
                         H, pool, qk_scale, row, hb, split, start, end, n_rounds,
                         stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
                         stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT)),
-        (_consumer_rr0, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-                         H, pool, qk_scale, row, hb, split, start, end, n_rounds,
-                         stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                         stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT)),
-        (_consumer_rr1, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-                         H, pool, qk_scale, row, hb, split, start, end, n_rounds,
-                         stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                         stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT)),
+        (_consumer_rr, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                        H, pool, qk_scale, row, hb, split, start, end, n_rounds,
+                        stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
+                        stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 0)),
+        (_consumer_rr, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                        H, pool, qk_scale, row, hb, split, start, end, n_rounds,
+                        stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
+                        stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 1)),
     ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])

@@ -162,32 +162,6 @@ def _merge_view(k_nope, w: gl.constexpr, D_NOPE: gl.constexpr, BLOCK_H: gl.const
 
 
 @gluon.jit
-def _consumer_t0(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-                 H, pool, qk_scale, row, hb, split, start, end, n_tiles,
-                 stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-                 BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-                 DIRECT: gl.constexpr, KV_FP8: gl.constexpr):
-    """Worker partition: consumer warpgroup 0 (see wgmma_ws._consumer0)."""
-    _consumer_t(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-                H, pool, qk_scale, row, hb, split, start, end, n_tiles,
-                stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-                BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 0)
-
-
-@gluon.jit
-def _consumer_t1(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-                 H, pool, qk_scale, row, hb, split, start, end, n_tiles,
-                 stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-                 BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-                 DIRECT: gl.constexpr, KV_FP8: gl.constexpr):
-    """Worker partition: consumer warpgroup 1."""
-    _consumer_t(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-                H, pool, qk_scale, row, hb, split, start, end, n_tiles,
-                stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-                BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 1)
-
-
-@gluon.jit
 def _flashmla_tn_kernel(
     q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
     H, pool, topk, split_len, num_splits, qk_scale,
@@ -247,12 +221,12 @@ def _flashmla_tn_kernel(
                      H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                      stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
                      stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8)),
-        (_consumer_t0, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-                        H, pool, qk_scale, row, hb, split, start, end, n_tiles,
-                        stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                        stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8)),
-        (_consumer_t1, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-                        H, pool, qk_scale, row, hb, split, start, end, n_tiles,
-                        stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                        stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8)),
+        (_consumer_t, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                       H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                       stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
+                       stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 0)),
+        (_consumer_t, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                       H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                       stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
+                       stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 1)),
     ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])

@@ -406,33 +406,6 @@ def _store_rows(stage, vals, dst, row_stride, h0, H, ROWS: gl.constexpr, WIDTH: 
 
 
 @gluon.jit
-def _consumer0(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-               H, pool, qk_scale, row, hb, split, start, end, n_tiles,
-               stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-               DIRECT: gl.constexpr, KV_FP8: gl.constexpr):
-    """Worker partition: consumer warpgroup 0 (worker partitions take the producer's arguments).
-    Two functions, not one called twice: with one, ptxas added a wgmma fence in both copies."""
-    _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-              H, pool, qk_scale, row, hb, split, start, end, n_tiles,
-              stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-              BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 0)
-
-
-@gluon.jit
-def _consumer1(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-               H, pool, qk_scale, row, hb, split, start, end, n_tiles,
-               stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-               DIRECT: gl.constexpr, KV_FP8: gl.constexpr):
-    """Worker partition: consumer warpgroup 1."""
-    _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-              H, pool, qk_scale, row, hb, split, start, end, n_tiles,
-              stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-              BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 1)
-
-
-@gluon.jit
 def _fp8_views(k_nope, k_rope, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
                D_ROPE: gl.constexpr):
     """The shared memory a KV ring of 656-byte FP8 tokens adds to the plain one (``k_nope``
@@ -519,18 +492,19 @@ def _flashmla_ws_kernel(
     smem = (q_nope, q_rope, k_nope, k_rope, stat_m, stat_l, k_raw, k_scale, k_rope_bits, k_scale_rows)
     bars = (q_ready, kv_ready, kv_free, p_ready, l_ready)
     # One argument tuple per partition, written out: a tuple built with `+` in a kernel loses
-    # its constexprs.
+    # its constexprs. Both consumers are _consumer with the constexpr WG last, so each worker
+    # partition is its own specialisation (the same PTX as a wrapper function per consumer).
     gl.warp_specialize([
         (_producer, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                      H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                      stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
                      stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8)),
-        (_consumer0, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-                      H, pool, qk_scale, row, hb, split, start, end, n_tiles,
-                      stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                      stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8)),
-        (_consumer1, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-                      H, pool, qk_scale, row, hb, split, start, end, n_tiles,
-                      stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                      stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8)),
+        (_consumer, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                     H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                     stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
+                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 0)),
+        (_consumer, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                     H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                     stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
+                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 1)),
     ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
