@@ -27,23 +27,23 @@ def _no_load(dst, ptrs, mask=None):
     pass
 
 
+# variant -> (module, name, stand-in) patches applied before the first compile
+VARIANTS = {
+    "full": (),
+    "nogather": ((wgmma_ws, "_gather_tile", _no_gather),),
+    "nomma": ((wgmma_ws, "warpgroup_mma", _no_mma), (wgmma_ws, "warpgroup_mma_wait", _no_wait)),
+    "rr-full": (),
+    "rr-nogather": ((wgmma_rr, "_async_load", _no_load),),
+    "rr-nomma": ((wgmma_rr, "warpgroup_mma", _no_mma), (wgmma_rr, "warpgroup_mma_wait", _no_wait)),
+}
+
+
 if __name__ == "__main__":
     variant = sys.argv[1]
-    if variant.startswith("rr-"):
-        if variant == "rr-nogather":
-            wgmma_rr._async_load = _no_load
-        elif variant == "rr-nomma":
-            wgmma_rr.warpgroup_mma = _no_mma
-            wgmma_rr.warpgroup_mma_wait = _no_wait
-        elif variant != "rr-full":
-            sys.exit(f"unknown variant {variant!r}: rr-full, rr-nogather or rr-nomma")
-    elif variant == "nogather":
-        wgmma_ws._gather_tile = _no_gather
-    elif variant == "nomma":
-        wgmma_ws.warpgroup_mma = _no_mma
-        wgmma_ws.warpgroup_mma_wait = _no_wait
-    elif variant != "full":
-        sys.exit(f"unknown variant {variant!r}: [rr-]full, [rr-]nogather or [rr-]nomma")
+    if variant not in VARIANTS:
+        sys.exit(f"unknown variant {variant!r}: one of {', '.join(VARIANTS)}")
+    for module, name, stand_in in VARIANTS[variant]:
+        setattr(module, name, stand_in)
     from graphattn.bench.kernels import measure
 
     shapes = [(128, 64, t) for t in (256, 512, 1024, 2048, 4096, 8192)] + [(64, 128, 2048), (64, 64, 2048)]
