@@ -391,7 +391,7 @@ def test_sm90_wgmma_splits_fill_whole_waves(monkeypatch, rows, heads, topk, want
     if not cuda_configs.gluon_available():
         pytest.skip("this triton has no Gluon Hopper dialect")
     cfg = path_config("flashmla", rows, heads, topk)
-    assert cfg.get("kernel") in ("wgmma_rr", "wgmma_ws"), cfg
+    assert cfg.get("kernel") == "wgmma_rr", cfg  # every case here has enough programs for rounds
     got = choose_splits(rows, heads, topk, cfg)
     assert got == want, f"[flashmla wgmma rows={rows} heads={heads} topk={topk}] {got} splits, want {want}"
 

@@ -49,11 +49,12 @@ _KV_MAJOR_TILE = {"BLOCK_H": 16, "BLOCK_N": 64, "IDX_AHEAD": 0, "KV_MAJOR": 1, "
 # is a host key: it names the function (graphattn.kernels.flashmla.GLUON_KERNELS).
 # bf16/fp16 kv where wgmma_rr (below) would have few programs: the warp-specialised kernel
 # (graphattn.kernels.wgmma_ws: a producer warpgroup gathers, two consumer warpgroups take turns
-# at the scores; 12 warps, so maxnreg 168 at launch and setmaxnreg inside). Kernel tables before/after (us, docs/benchmarks.md): 128 x 512 rows
-# 862.5 -> 623.3, 128 x 64 x topk 8192 407.1 -> 285.7, 64 x 64 67.1 -> 57.7, 16 x 512 415.1 ->
-# 317.2, 128 x 8 26.3 -> 23.1, 1-2 rows within 0.2 (the predecessor, 8 warps that gathered and
-# computed in turn, replaced at 4e1066f). That predecessor measured against 32-token tiles with 3
-# or 4 slots (188 / 225 KB): 64 x 64 rows 90.2 us vs 114.0 / 115.4, 128 x 512 866.5 vs 1128.9 / 1134.3.
+# at the scores; 12 warps, so maxnreg 168 at launch and setmaxnreg inside). Kernel tables
+# before/after (us, docs/benchmarks.md): 128 x 512 rows 862.5 -> 623.3, 128 x 64 x topk 8192
+# 407.1 -> 285.7, 64 x 64 67.1 -> 57.7, 16 x 512 415.1 -> 317.2, 128 x 8 26.3 -> 23.1, 1-2 rows
+# within 0.2 (the predecessor, 8 warps that gathered and computed in turn, replaced at 4e1066f).
+# That predecessor measured against 32-token tiles with 3 or 4 slots (188 / 225 KB): 64 x 64 rows
+# 90.2 us vs 114.0 / 115.4, 128 x 512 866.5 vs 1128.9 / 1134.3.
 _WGMMA_TILE = {"kernel": "wgmma_ws", "BLOCK_H": 64, "BLOCK_N": 64, "STAGES": 2, "num_warps": 4,
                "num_stages": 1, "maxnreg": 168}
 # 656-byte FP8 kv: the same warp-specialised kernel reading the tokens' bytes (KV_FP8=1, e4m3fn),
