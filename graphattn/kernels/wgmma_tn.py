@@ -62,7 +62,7 @@ def _consumer_t(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_
     """Consumer warpgroup ``WG``: tiles ``t % 2 == WG`` (slot ``WG``), whole; then the two
     outputs merged, output columns ``[WG * 256, WG * 256 + 256)`` stored (and lse by consumer 0)."""
     q_nope, q_rope, k_nope, k_rope, p_buf, stats, k_raw, k_scale, k_rope_bits, k_scale_rows = smem
-    q_ready, kv_ready, kv_free, p_ready, l_ready = bars
+    q_ready, kv_ready, kv_free, p_ready, l_ready, d_ready = bars
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_H, 16])
     o_layout: gl.constexpr = s_layout  # [512, BLOCK_H]: the same instruction, 8 M tiles
@@ -214,8 +214,9 @@ def _flashmla_tn_kernel(
         mbarrier.init(l_ready.index(i), count=1)
 
     smem = (q_nope, q_rope, k_nope, k_rope, p_buf, stats, k_raw, k_scale, k_rope_bits, k_scale_rows)
-    # The producer's barrier tuple has wgmma_ws's shape; its p_ready place (unused here) holds l_ready.
-    bars = (q_ready, kv_ready, kv_free, l_ready, l_ready)
+    # The producer's barrier tuple has wgmma_ws's shape; its p_ready and d_ready places (unused
+    # here) hold l_ready.
+    bars = (q_ready, kv_ready, kv_free, l_ready, l_ready, l_ready)
     gl.warp_specialize([
         (_producer, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                      H, pool, qk_scale, row, hb, split, start, end, n_tiles,

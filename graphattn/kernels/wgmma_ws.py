@@ -30,10 +30,12 @@ wait depends only on work issued earlier by the other partitions: no cycle.
 **656-byte FP8 tokens** (``KV_FP8=1``, e4m3fn; graphattn.common.kv_layout): the producer gathers
 each token's 512 FP8 bytes into the upper half of the slot's nope tile (its bytes viewed as
 uint8), its 4 float32 scales into a small ring of their own and its bf16 rope into the rope
-tile, all by ``cp.async`` on the same ``ready`` barrier. The tile's owner dequantises it in
-place, ``dtype(float32(fp8) * scale)`` (:func:`_dequantise_tile`: the values of block ``b``
-overwrite bytes already read), while the other's ``P V`` runs, and the schedule is then the
-bf16 one: FP8 KV means the products of a cache dequantised to q's dtype. Dequantising in the
+tile, all by ``cp.async`` on the same ``ready`` barrier. The tile is dequantised in place,
+``dtype(float32(fp8) * scale)`` (:func:`_dequantise_rows`: the values of block ``b`` overwrite
+bytes of their own token already read), by both consumers at once: the owner its first 32
+tokens while the other's ``P V`` runs, the other consumer the last 32 before it waits for the
+owner's ``P`` (it is idle then), saying so on the slot's ``d_ready`` barrier; the schedule is
+then the bf16 one: FP8 KV means the products of a cache dequantised to q's dtype. Dequantising in the
 producer measured 1.34x slower (its 40 registers leave it no overlap: docs/benchmarks.md).
 
 Outputs and conventions are those of ``_flashmla_split_kernel`` (graphattn.kernels.flashmla): a
@@ -99,7 +101,7 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
     bf16 rope values into the rope tile (``k_rope_bits``: its bytes as bf16), all completing on
     the slot's ``ready`` barrier; the tile's owner dequantises it in place before its scores."""
     q_nope, q_rope, k_nope, k_rope, stat_m, stat_l, k_raw, k_scale, k_rope_bits, k_scale_rows = smem
-    q_ready, kv_ready, kv_free, p_ready, l_ready = bars
+    q_ready, kv_ready, kv_free, p_ready, l_ready, d_ready = bars
     idx_row_ptr = idx_ptr + row.to(gl.int64) * stride_ir
 
     if BLOCK_H < 64:  # wgmma_tn: q (9-18 KB) from here (its consumer loading it measured slower)
@@ -175,10 +177,12 @@ def _gather_fp8(kv_ptr, stride_kv, pool, idx_n, idx_c, raw_dst, kr_bits, sc_slot
 
 
 @gluon.jit
-def _dequantise_block(kn, sc_rows, slot, b: gl.constexpr, x, conv: gl.constexpr):
-    """Block ``b``'s FP8 values ``x`` ``[BLOCK_N, 128]`` times the tokens' block scale (row
-    ``slot * 4 + b`` of ``sc_rows``), stored in ``kn``'s dtype to ``kn``'s columns of block ``b``."""
-    scale = sc_rows.index(slot * 4 + b).load(gl.SliceLayout(1, conv))  # [BLOCK_N]
+def _dequantise_block(kn, sc_rows, slot, b: gl.constexpr, x, conv: gl.constexpr, ROW0: gl.constexpr):
+    """Block ``b``'s FP8 values ``x`` ``[ROWS, 128]`` of tokens ``ROW0 + i`` times their block
+    scale (row ``slot * 4 + b`` of ``sc_rows``), stored in ``kn``'s dtype to ``kn``'s (those
+    tokens' rows') columns of block ``b``."""
+    ROWS: gl.constexpr = kn.shape[0]
+    scale = sc_rows.index(slot * 4 + b).slice(ROW0, ROWS).load(gl.SliceLayout(1, conv))  # [ROWS]
     v = (x.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scale[:, None]).to(kn.dtype)
     kn.slice(b * FP8_BLOCK, FP8_BLOCK, dim=1).store(v)
 
@@ -186,7 +190,16 @@ def _dequantise_block(kn, sc_rows, slot, b: gl.constexpr, x, conv: gl.constexpr)
 @gluon.jit
 def _dequantise_tile(t, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope,
                      BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr):
-    """Consumer side, once tile ``t`` has landed: its FP8 bytes, in ``raw``'s columns
+    """All of tile ``t``'s rows: :func:`_dequantise_rows` (wgmma_tn's consumers, which own
+    whole tiles)."""
+    _dequantise_rows(t, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope, 0, BLOCK_N, D_NOPE, D_ROPE)
+
+
+@gluon.jit
+def _dequantise_rows(t, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope, ROW0: gl.constexpr,
+                     ROWS: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr):
+    """Consumer side, once tile ``t`` has landed, for its tokens ``[ROW0, ROW0 + ROWS)`` (a
+    token's bytes overlap only its own row): its FP8 bytes, in ``raw``'s columns
     ``[512, 1024)`` (the upper half of the very bytes of the nope tile), become
     ``kn[:, 128 b + c] = dtype(float32(fp8[:, 128 b + c]) * scale[:, b])`` in place; with fp16 q
     the bf16 rope is rounded to fp16 in place. Both views share one 128-byte swizzle, so a
@@ -198,26 +211,36 @@ def _dequantise_tile(t, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_ro
     mbarrier.wait(kv_ready.index(slot), (t // 2) & 1)
     conv: gl.constexpr = gl.BlockedLayout(  # [BLOCK_N, 128] bytes: 16 per thread per 16 rows
         size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0])
-    raw = k_raw.index(slot)
-    kn = k_nope.index(slot)
+    raw = k_raw.index(slot).slice(ROW0, ROWS, dim=0)
+    kn = k_nope.index(slot).slice(ROW0, ROWS, dim=0)
     # Loads in pairs: the compiler puts a barrier between shared loads and stores of views it
     # cannot tell apart (these alias), so fewer alternations cost fewer barriers.
     x0 = raw.slice(D_NOPE, FP8_BLOCK, dim=1).load(conv)
     x1 = raw.slice(D_NOPE + FP8_BLOCK, FP8_BLOCK, dim=1).load(conv)
-    _dequantise_block(kn, k_scale_rows, slot, 0, x0, conv)
-    _dequantise_block(kn, k_scale_rows, slot, 1, x1, conv)
+    _dequantise_block(kn, k_scale_rows, slot, 0, x0, conv, ROW0)
+    _dequantise_block(kn, k_scale_rows, slot, 1, x1, conv, ROW0)
     x2 = raw.slice(D_NOPE + 2 * FP8_BLOCK, FP8_BLOCK, dim=1).load(conv)
     x3 = raw.slice(D_NOPE + 3 * FP8_BLOCK, FP8_BLOCK, dim=1).load(conv)
     _cta_barrier()  # every FP8 byte read: blocks 2 and 3 overwrite them
-    _dequantise_block(kn, k_scale_rows, slot, 2, x2, conv)
-    _dequantise_block(kn, k_scale_rows, slot, 3, x3, conv)
+    _dequantise_block(kn, k_scale_rows, slot, 2, x2, conv, ROW0)
+    _dequantise_block(kn, k_scale_rows, slot, 3, x3, conv, ROW0)
     if k_rope.dtype != gl.bfloat16:  # each thread rewrites the values it read: no barrier needed
         rl: gl.constexpr = gl.BlockedLayout(
             size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0])
-        rope = k_rope_bits.index(slot).load(rl)
-        k_rope.index(slot).store(rope.to(k_rope.dtype))
+        rope = k_rope_bits.index(slot).slice(ROW0, ROWS, dim=0).load(rl)
+        k_rope.index(slot).slice(ROW0, ROWS, dim=0).store(rope.to(k_rope.dtype))
     fence_async_shared()  # the dequantised tile (generic stores) before wgmma reads it (async proxy)
     _cta_barrier()  # ... every thread's stores, before this warpgroup's scores
+
+
+@gluon.jit
+def _dequantise_mine(t, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope, d_ready):
+    """The owner's part of tile ``t``: the first half of its tokens (the other consumer does the
+    second in :func:`_other_tile`), then wait until that half is done too."""
+    N: gl.constexpr = k_nope.shape[1]
+    _dequantise_rows(t, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope, 0, N // 2, k_nope.shape[2],
+                     k_rope.shape[2])
+    mbarrier.wait(d_ready.index(t % 2), (t // 2) & 1)
 
 
 @gluon.jit
@@ -271,9 +294,18 @@ def _own_tile(s, idx_s, t, m, l, acc, k_nope, k_rope, stat_m, p_ready, kv_free, 
 
 @gluon.jit
 def _other_tile(o, m, l, acc, k_nope, k_rope, stat_m, p_ready, row_s: gl.constexpr, row_o: gl.constexpr,
-                HALF: gl.constexpr, WG: gl.constexpr):
+                HALF: gl.constexpr, WG: gl.constexpr, KV_FP8: gl.constexpr, fp8):
     """The other consumer's tile ``o``: wait for its P and max, rescale to that max and issue my
-    half of ``P V`` (async: the caller waits and releases the tile). Returns ``(m, l, acc)``."""
+    half of ``P V`` (async: the caller waits and releases the tile). Returns ``(m, l, acc)``.
+    With FP8 tokens (``KV_FP8``; ``fp8``: ``(kv_ready, k_raw, k_scale_rows, k_rope_bits,
+    d_ready)``) I first dequantise the tile's second half of tokens for its owner, who is then
+    still busy with my previous tile's ``P V`` or its own half, and say so on ``d_ready``."""
+    if KV_FP8:
+        kv_ready, k_raw, k_scale_rows, k_rope_bits, d_ready = fp8
+        N: gl.constexpr = k_nope.shape[1]
+        _dequantise_rows(o, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope, N // 2, N // 2,
+                         k_nope.shape[2], k_rope.shape[2])
+        mbarrier.arrive(d_ready.index(o % 2))
     mbarrier.wait(p_ready.index(o % 2), (o // 2) & 1)
     m, l, acc = _to_max(m, l, acc, stat_m.index(1 - WG).load(row_s), row_o)
     acc = warpgroup_mma(k_rope.index(o % 2), k_nope.index(o % 2).slice(WG * HALF, HALF, dim=1), acc,
@@ -290,7 +322,8 @@ def _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
     """Consumer warpgroup ``WG`` (0 or 1): scores and softmax of tiles ``t % 2 == WG``, output
     columns ``[WG * 256, WG * 256 + 256)`` of every tile."""
     q_nope, q_rope, k_nope, k_rope, stat_m, stat_l, k_raw, k_scale, k_rope_bits, k_scale_rows = smem
-    q_ready, kv_ready, kv_free, p_ready, l_ready = bars
+    q_ready, kv_ready, kv_free, p_ready, l_ready, d_ready = bars
+    fp8 = (kv_ready, k_raw, k_scale_rows, k_rope_bits, d_ready)
     HALF: gl.constexpr = D_NOPE // 2
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
@@ -314,7 +347,7 @@ def _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
         if n_tiles > 0:
             idx_s = _load_indices(idx_row_ptr, start, end, BLOCK_N, idx_layout)
             if KV_FP8:
-                _dequantise_tile(0, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope, BLOCK_N, D_NOPE, D_ROPE)
+                _dequantise_mine(0, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope, d_ready)
             s = _issue_scores(q_nope, q_rope, k_nope, k_rope, kv_ready, 0, (n_tiles < 0).to(gl.int32), s_layout,
                               BLOCK_H, BLOCK_N)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
@@ -323,9 +356,10 @@ def _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
     for t in range(2 - WG, n_tiles, 2):
         # My tile's indices load while I wait for the other's P (off the softmax's path).
         idx_s = _load_indices(idx_row_ptr, start + t * BLOCK_N, end, BLOCK_N, idx_layout)
-        m, l, acc = _other_tile(t - 1, m, l, acc, k_nope, k_rope, stat_m, p_ready, row_s, row_o, HALF, WG)
-        if KV_FP8:  # my tile's FP8 bytes, dequantised while the other's P V runs
-            _dequantise_tile(t, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope, BLOCK_N, D_NOPE, D_ROPE)
+        m, l, acc = _other_tile(t - 1, m, l, acc, k_nope, k_rope, stat_m, p_ready, row_s, row_o, HALF, WG,
+                                KV_FP8, fp8)
+        if KV_FP8:  # my half of my tile's FP8 bytes, dequantised while the other's P V runs
+            _dequantise_mine(t, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope, d_ready)
         # Release the other's tile before my scores wait for the slot the producer refills
         # (issuing them first, right behind the other's P V, measured 1.2x slower: with two
         # slots that gather then starts a tile later).
@@ -337,7 +371,8 @@ def _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
         m, l, acc = _own_tile(s, idx_s, t, m, l, acc, k_nope, k_rope, stat_m, p_ready, kv_free, pool, qk_scale,
                               row_o, HALF, WG)
     if (n_tiles > 0) & ((n_tiles - 1) % 2 != WG):
-        m, l, acc = _other_tile(n_tiles - 1, m, l, acc, k_nope, k_rope, stat_m, p_ready, row_s, row_o, HALF, WG)
+        m, l, acc = _other_tile(n_tiles - 1, m, l, acc, k_nope, k_rope, stat_m, p_ready, row_s, row_o, HALF, WG,
+                                KV_FP8, fp8)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(kv_free.index((n_tiles - 1) % 2))
 
@@ -476,11 +511,16 @@ def _flashmla_ws_kernel(
     l_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     if KV_FP8:
         k_raw, k_scale, k_rope_bits, k_scale_rows = _fp8_views(k_nope, k_rope, STAGES, BLOCK_N, D_NOPE, D_ROPE)
+        # per slot: the second half of the tile's tokens dequantised (by the consumer not owning it)
+        d_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(d_ready.index(i), count=1)
     else:
         k_raw = k_nope
         k_scale = stat_m
         k_scale_rows = stat_m
         k_rope_bits = k_rope
+        d_ready = p_ready  # unused
     mbarrier.init(q_ready, count=128)  # one cp.async arrival per thread of consumer 0
     for i in gl.static_range(STAGES):
         mbarrier.init(kv_ready.index(i), count=128)
@@ -490,7 +530,7 @@ def _flashmla_ws_kernel(
         mbarrier.init(l_ready.index(i), count=1)
 
     smem = (q_nope, q_rope, k_nope, k_rope, stat_m, stat_l, k_raw, k_scale, k_rope_bits, k_scale_rows)
-    bars = (q_ready, kv_ready, kv_free, p_ready, l_ready)
+    bars = (q_ready, kv_ready, kv_free, p_ready, l_ready, d_ready)
     # One argument tuple per partition, written out: a tuple built with `+` in a kernel loses
     # its constexprs. Both consumers are _consumer with the constexpr WG last, so each worker
     # partition is its own specialisation (the same PTX as a wrapper function per consumer).
