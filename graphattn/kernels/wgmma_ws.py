@@ -99,7 +99,7 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
     ``KV_FP8`` a tile is the tokens' 512 FP8 bytes, copied into the upper half of the slot's nope
     tile (``k_raw``: its bytes as uint8), their 4 float32 scales into ``k_scale`` and their 64
     bf16 rope values into the rope tile (``k_rope_bits``: its bytes as bf16), all completing on
-    the slot's ``ready`` barrier; the tile's owner dequantises it in place before its scores."""
+    the slot's ``ready`` barrier; the consumers dequantise it in place before its scores."""
     q_nope, q_rope, k_nope, k_rope, stat_m, stat_l, k_raw, k_scale, k_rope_bits, k_scale_rows = smem
     q_ready, kv_ready, kv_free, p_ready, l_ready, d_ready = bars
     idx_row_ptr = idx_ptr + row.to(gl.int64) * stride_ir
@@ -114,7 +114,7 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
         slot = j % 2
         # Slot free: both consumers are done with tile j - 2 (a fresh barrier passes phase 1).
         mbarrier.wait(kv_free.index(slot), ((j // 2) & 1) ^ 1)
-        if KV_FP8:  # the tokens' bytes: the tile's owner dequantises them (_dequantise_tile)
+        if KV_FP8:  # the tokens' bytes: the consumers dequantise them (_dequantise_rows)
             _gather_fp8(kv_ptr, stride_kv, pool, idx_a, idx_b, k_raw.index(slot).slice(D_NOPE, D_NOPE, dim=1),
                         k_rope_bits.index(slot), k_scale.index(slot), D_NOPE, D_ROPE, FP8_GATHER, GATHER_R,
                         FP8_SCALES)
@@ -213,15 +213,23 @@ def _dequantise_rows(t, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_ro
         size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0])
     raw = k_raw.index(slot).slice(ROW0, ROWS, dim=0)
     kn = k_nope.index(slot).slice(ROW0, ROWS, dim=0)
-    # Loads in pairs: the compiler puts a barrier between shared loads and stores of views it
-    # cannot tell apart (these alias), so fewer alternations cost fewer barriers.
+    # The compiler puts a barrier between shared loads and stores of views it cannot tell apart
+    # (these alias), so fewer alternations cost fewer barriers. Up to 32 tokens (wgmma_ws's
+    # halves: 32 registers of bytes) every block is loaded before any store, one alternation
+    # (measured 2-3% faster at 64-128 heads than loading in pairs: docs/benchmarks.md); a whole
+    # 64-token tile (wgmma_tn) loads in pairs, blocks 0 and 1 stored between (all four at once
+    # spill 424 B at 32 heads).
     x0 = raw.slice(D_NOPE, FP8_BLOCK, dim=1).load(conv)
     x1 = raw.slice(D_NOPE + FP8_BLOCK, FP8_BLOCK, dim=1).load(conv)
-    _dequantise_block(kn, k_scale_rows, slot, 0, x0, conv, ROW0)
-    _dequantise_block(kn, k_scale_rows, slot, 1, x1, conv, ROW0)
+    if ROWS > 32:
+        _dequantise_block(kn, k_scale_rows, slot, 0, x0, conv, ROW0)
+        _dequantise_block(kn, k_scale_rows, slot, 1, x1, conv, ROW0)
     x2 = raw.slice(D_NOPE + 2 * FP8_BLOCK, FP8_BLOCK, dim=1).load(conv)
     x3 = raw.slice(D_NOPE + 3 * FP8_BLOCK, FP8_BLOCK, dim=1).load(conv)
     _cta_barrier()  # every FP8 byte read: blocks 2 and 3 overwrite them
+    if ROWS <= 32:
+        _dequantise_block(kn, k_scale_rows, slot, 0, x0, conv, ROW0)
+        _dequantise_block(kn, k_scale_rows, slot, 1, x1, conv, ROW0)
     _dequantise_block(kn, k_scale_rows, slot, 2, x2, conv, ROW0)
     _dequantise_block(kn, k_scale_rows, slot, 3, x3, conv, ROW0)
     if k_rope.dtype != gl.bfloat16:  # each thread rewrites the values it read: no barrier needed
@@ -480,7 +488,7 @@ def _flashmla_ws_kernel(
     """Arguments, grid and outputs as ``_flashmla_split_kernel`` (graphattn.kernels.flashmla);
     launch with ``num_warps=4`` and ``maxnreg=168`` (12 warps run: producer, two consumers).
     ``KV_FP8=1``: ``kv_ptr`` holds 656-byte e4m3fn tokens ``[pool, 656]`` uint8 (``stride_kv``
-    in bytes, a multiple of 16), dequantised to q's dtype by the tile's owner."""
+    in bytes, a multiple of 16), dequantised to q's dtype by the two consumers, half the tokens each."""
     gl.static_assert(BLOCK_H == 64, "one wgmma M tile of heads per program")
     gl.static_assert(BLOCK_N == 64, "P [64 heads, BLOCK_N] reuses a tile's [BLOCK_N, 64] rope columns")
     gl.static_assert(D_ROPE == BLOCK_N, "P [64 heads, BLOCK_N] reuses a tile's [BLOCK_N, 64] rope columns")
