@@ -3,7 +3,11 @@ sweep with timing-only variants (results wrong by design): ``full``, ``nogather`
 copies nothing: the products and softmax alone), ``nomma`` (no wgmma: the gathers alone). The
 slope over topk is the time per 64-token tile, the intercept the fixed cost of a program.
 ``rr-VARIANT`` does the same to the round-schedule kernel (wgmma_rr, bf16 at 64+ heads where the
-launch has enough programs; ``nogather`` there skips its KV copies, not q's).
+launch has enough programs; ``nogather`` there skips its KV copies, not q's). ``fp8-VARIANT`` runs
+656-byte FP8 tokens (wgmma_ws's ``KV_FP8=1``, and wgmma_tn's at <= 32 heads, which shares the
+dequantisation): ``fp8-full``, ``fp8-nodeq`` (nothing dequantised: the tiles' bytes as they
+landed), ``fp8-copyonly`` (each half-tile's bytes loaded and stored back spread to 16-bit lanes,
+no arithmetic: the shared-memory round trip and its barriers alone).
 Run from the repository root on an sm_90 GPU:
 ``PYTHONPATH=. python scripts/ws_ablate.py [rr-]VARIANT [HEADSxROWSxTOPK ...]`` (the kernel
 table's method, graphattn.bench.kernels.measure)."""
@@ -27,6 +31,20 @@ def _no_load(dst, ptrs, mask=None):
     pass
 
 
+@gluon.jit
+def _no_dequantise(kn, sc_rows, slot, b: gl.constexpr, x, conv: gl.constexpr, ROW0: gl.constexpr):
+    pass
+
+
+@gluon.jit
+def _copy_only(kn, sc_rows, slot, b: gl.constexpr, x, conv: gl.constexpr, ROW0: gl.constexpr):
+    # 4 bytes -> two 32-bit words of 16-bit lanes ([b1 0 b0 0], [b3 0 b2 0]): the stores of a
+    # dequantised block without its conversions and scale (kn's dtype for the store only).
+    v = gl.inline_asm_elementwise("prmt.b32 $0, $2, 0, 0x1404; prmt.b32 $1, $2, 0, 0x3424;", "=r,=r,r", [x],
+                                  dtype=kn.dtype, is_pure=True, pack=4)
+    kn.slice(b * 128, 128, dim=1).store(v)
+
+
 # variant -> (module, name, stand-in) patches applied before the first compile
 VARIANTS = {
     "full": (),
@@ -35,6 +53,9 @@ VARIANTS = {
     "rr-full": (),
     "rr-nogather": ((wgmma_rr, "_async_load", _no_load),),
     "rr-nomma": ((wgmma_rr, "warpgroup_mma", _no_mma), (wgmma_rr, "warpgroup_mma_wait", _no_wait)),
+    "fp8-full": (),
+    "fp8-nodeq": ((wgmma_ws, "_dequantise_block", _no_dequantise),),
+    "fp8-copyonly": ((wgmma_ws, "_dequantise_block", _copy_only),),
 }
 
 
@@ -50,6 +71,6 @@ if __name__ == "__main__":
     if len(sys.argv) > 2:
         shapes = [tuple(int(x) for x in s.split("x")) for s in sys.argv[2:]]
     for h, r, t in shapes:
-        res = measure(h, r, t, paths=("flashmla",))[0]
+        res = measure(h, r, t, paths=("flashmla",), kv_fp8=variant.startswith("fp8-"))[0]
         print(f"ABLATE {variant} {h}x{r}x{t}: {res['us']:.2f} us, {res['TFLOPs']:.0f} TFLOP/s, "
               f"roofline {res['roofline']:.2f}", flush=True)
