@@ -3,7 +3,10 @@ sweep with timing-only variants (results wrong by design): ``full``, ``nogather`
 copies nothing: the products and softmax alone), ``nomma`` (no wgmma: the gathers alone). The
 slope over topk is the time per 64-token tile, the intercept the fixed cost of a program.
 ``rr-VARIANT`` does the same to the round-schedule kernel (wgmma_rr, bf16 at 64+ heads where the
-launch has enough programs; ``nogather`` there skips its KV copies, not q's). ``fp8-VARIANT`` runs
+launch has enough programs; ``nogather`` there skips its KV copies, not q's). ``l2hot`` and
+``rr-l2hot`` fold every KV index into 256 tokens (wrong results): the same copies and shared-memory
+writes, from L2 instead of HBM, so against ``full`` and ``nogather`` they tell the memory's
+latency (a ring too shallow to hide it) from the copies' own cost in the SM. ``fp8-VARIANT`` runs
 656-byte FP8 tokens (wgmma_ws's ``KV_FP8=1``, and wgmma_tn's at <= 32 heads, which shares the
 dequantisation): ``fp8-full``, ``fp8-nodeq`` (nothing dequantised: the tiles' bytes as they
 landed), ``fp8-copyonly`` (each half-tile's bytes loaded and stored back spread to 16-bit lanes,
@@ -17,7 +20,11 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from graphattn.kernels import wgmma_rr, wgmma_ws
+from graphattn.kernels.wgmma import _load_indices
+from graphattn.kernels.wgmma_ws import GATHER_R
 from tn_ablate import _no_mma, _no_wait  # the same stand-ins for wgmma (this script's folder is on sys.path)
+
+_ws_tile_indices = wgmma_ws._tile_indices  # the shipped one, which l2hot's wraps
 
 
 @gluon.jit
@@ -29,6 +36,28 @@ def _no_gather(kv_ptr, stride_kv, pool, idx_n, idx_r, kn_slot, kr_slot, D_NOPE: 
 @gluon.jit
 def _no_load(dst, ptrs, mask=None):
     pass
+
+
+HOT_TOKENS = gl.constexpr(256)  # l2hot: 256 x 1152 B stay in L2
+
+
+@gluon.jit
+def _hot(idx):
+    return gl.where(idx >= 0, idx % HOT_TOKENS, idx)
+
+
+@gluon.jit
+def _tile_indices_hot(idx_row_ptr, n0, end, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr,
+                      gather_n: gl.constexpr, gather_r: gl.constexpr):
+    idx_a, idx_b = _ws_tile_indices(idx_row_ptr, n0, end, BLOCK_N, KV_FP8, gather_n, gather_r)
+    return _hot(idx_a), _hot(idx_b)
+
+
+@gluon.jit
+def _tile_rows_hot(idx_row_ptr, n0, end, pool, stride_kv, TILE: gl.constexpr):
+    idx = _hot(_load_indices(idx_row_ptr, n0, end, TILE, gl.SliceLayout(1, GATHER_R)))
+    valid = (idx >= 0) & (idx < pool)
+    return gl.where(valid, idx, 0).to(gl.int64) * stride_kv, valid
 
 
 @gluon.jit
@@ -50,9 +79,11 @@ VARIANTS = {
     "full": (),
     "nogather": ((wgmma_ws, "_gather_tile", _no_gather),),
     "nomma": ((wgmma_ws, "warpgroup_mma", _no_mma), (wgmma_ws, "warpgroup_mma_wait", _no_wait)),
+    "l2hot": ((wgmma_ws, "_tile_indices", _tile_indices_hot),),
     "rr-full": (),
     "rr-nogather": ((wgmma_rr, "_async_load", _no_load),),
     "rr-nomma": ((wgmma_rr, "warpgroup_mma", _no_mma), (wgmma_rr, "warpgroup_mma_wait", _no_wait)),
+    "rr-l2hot": ((wgmma_rr, "_tile_rows", _tile_rows_hot),),
     "fp8-full": (),
     "fp8-nodeq": ((wgmma_ws, "_dequantise_block", _no_dequantise),),
     "fp8-copyonly": ((wgmma_ws, "_dequantise_block", _copy_only),),
