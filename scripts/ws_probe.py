@@ -48,29 +48,56 @@ NAMES = {20: "producer entry", 21: "c0 q copies issued", 22: "tile 0 issued", 23
          11: "c1 q landed", 12: "c1 tile 1 done", 13: "c1 loop done", 14: "c1 sums merged", 15: "c1 stored"}
 
 
-def instrumented_source() -> str:
-    """wgmma_ws's source with the probes (absolute imports, so it imports from anywhere)."""
-    src = open(KERNEL).read()
+def instrument(kernel: str, first_def: str, probe: str, before, after) -> str:
+    """``kernel``'s source with ``probe`` put before the function ``first_def`` and each hook's
+    text before (``before``) or after (``after``) its anchor, which must occur exactly once;
+    imports made absolute, so the copy imports from anywhere."""
+    src = open(kernel).read()
     src = src.replace("from ..common.kv_layout", "from graphattn.common.kv_layout")
     src = src.replace("from .wgmma import", "from graphattn.kernels.wgmma import")
-    src = src.replace("\n\n@gluon.jit\ndef _producer(", PROBE + "\n@gluon.jit\ndef _producer(", 1)
-    for hooks, after in ((BEFORE, False), (AFTER, True)):
+    src = src.replace("from .wgmma_ws import", "from graphattn.kernels.wgmma_ws import")
+    head = f"\n\n@gluon.jit\ndef {first_def}("
+    assert src.count(head) == 1, f"{first_def} not found once in {kernel}"
+    src = src.replace(head, probe + head[1:], 1)
+    for hooks, is_after in ((before, False), (after, True)):
         for anchor, text in hooks:
-            assert src.count(anchor) == 1, f"probe anchor not found once in {KERNEL}: {anchor!r}"
-            src = src.replace(anchor, anchor + text if after else text + anchor)
+            assert src.count(anchor) == 1, f"probe anchor not found once in {kernel}: {anchor!r}"
+            src = src.replace(anchor, anchor + text if is_after else text + anchor)
     return src
 
 
-def instrumented_module():
-    """The instrumented kernel's module, imported from a temporary file."""
-    path = tempfile.NamedTemporaryFile("w", suffix="_wsprobe.py", delete=False)
-    path.write(instrumented_source())
+def instrumented_source() -> str:
+    """wgmma_ws's source with the probes."""
+    return instrument(KERNEL, "_producer", PROBE, BEFORE, AFTER)
+
+
+def load_module(src: str, name: str):
+    """``src`` imported as module ``graphattn.kernels.<name>`` from a temporary file."""
+    path = tempfile.NamedTemporaryFile("w", suffix=f"_{name}.py", delete=False)
+    path.write(src)
     path.close()
-    spec = importlib.util.spec_from_file_location("graphattn.kernels.wsprobe", path.name)
+    spec = importlib.util.spec_from_file_location(f"graphattn.kernels.{name}", path.name)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def instrumented_module():
+    """The instrumented kernel's module."""
+    return load_module(instrumented_source(), "wsprobe")
+
+
+def report(g, c, names, entry: int, ends) -> None:
+    """Print each milestone's time (``g``: globaltimer ns, ``c``: clock64, ``[programs, 32]``):
+    from the first program's start (slot ``entry``) and from each program's own start."""
+    g0 = g[:, entry].min()
+    print(f"   span {(g[:, ends].max() - g0) / 1e3:.2f} us (globaltimer ticks are ~0.26 us; clock64 at 1.98 GHz)")
+    for k, name in names.items():
+        rel = (g[:, k] - g0) / 1e3
+        own = (c[:, k] - c[:, entry]) / 1980.0
+        print(f"  {name:17s} us from the first program's start: min {rel.min():7.2f} median "
+              f"{rel.median():7.2f} max {rel.max():7.2f} | from its own start: median {own.median():7.2f}")
 
 
 def main(specs):
@@ -92,15 +119,8 @@ def main(specs):
         assert flashmla.kernel_name(sets[0]["q"], sets[0]["kv"], t) == "wgmma_ws", "not a wgmma_ws shape"
         progs = r * -(-h // 64)
         p = ws_out.view(-1).view(torch.int64)[: progs * 64].view(progs, 64).cpu().double()
-        g, c = p[:, :32], p[:, 32:]
-        g0 = g[:, 20].min()
-        print(f"== {spec}: {progs} programs, span {(g[:, [5, 15]].max() - g0) / 1e3:.2f} us "
-              "(globaltimer ticks are ~0.26 us; clock64 at 1.98 GHz)")
-        for k, name in NAMES.items():
-            rel = (g[:, k] - g0) / 1e3
-            own = (c[:, k] - c[:, 20]) / 1980.0
-            print(f"  {name:17s} us from the first program's start: min {rel.min():7.2f} median "
-                  f"{rel.median():7.2f} max {rel.max():7.2f} | from its own start: median {own.median():7.2f}")
+        print(f"== {spec}: {progs} programs")
+        report(p[:, :32], p[:, 32:], NAMES, 20, [5, 15])
 
 
 if __name__ == "__main__":

@@ -3,25 +3,34 @@ still apply to the kernels as committed (they run only on a GPU, so a CPU test k
 """
 import importlib.util
 import pathlib
+import sys
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _load(name):
+    if str(ROOT / "scripts") not in sys.path:  # as when run: a script's folder is on sys.path
+        sys.path.insert(0, str(ROOT / "scripts"))
     spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def test_ws_probe_hooks_every_milestone_once():
-    probe = _load("ws_probe")
-    src = probe.instrumented_source()  # asserts each anchor is in wgmma_ws.py exactly once
-    compile(src, "wsprobe.py", "exec")
-    calls = [line.strip() for line in src.splitlines() if line.strip().startswith("_probe(ws_out_ptr, ")]
+@pytest.mark.parametrize("name,call", [("ws_probe", "_probe(ws_out_ptr, "),
+                                       ("rr_probe", "_probe(ws_out_ptr, out_ptr, DIRECT, ")])
+def test_probe_hooks_every_milestone_once(name, call):
+    """ws_probe (wgmma_ws) and rr_probe (wgmma_rr) still find each anchor exactly once, and every
+    milestone they name gets a stamp."""
+    probe = _load(name)
+    src = probe.instrumented_source()  # asserts each anchor is in the kernel exactly once
+    compile(src, f"{name}.py", "exec")
+    calls = [line.strip() for line in src.splitlines() if line.strip().startswith(call)]
     assert len(calls) == len(probe.BEFORE) + len(probe.AFTER), calls
     slots = set()
-    for call in calls:  # "_probe(ws_out_ptr, 21)" or "_probe(ws_out_ptr, WG * 10 + 3)" (both consumers)
-        arg = call[len("_probe(ws_out_ptr, "):-1]
+    for line in calls:  # "_probe(..., 21)" or "_probe(..., WG * 10 + 3)" (both consumers)
+        arg = line[len(call):-1]
         slots |= {int(arg.split("+")[1]), 10 + int(arg.split("+")[1])} if "WG" in arg else {int(arg)}
     assert set(probe.NAMES) <= slots, sorted(set(probe.NAMES) - slots)

@@ -1,0 +1,100 @@
+"""Where the time of flashmla's round-schedule kernel (wgmma_rr, sm_90) goes inside one launch:
+timestamps (``%globaltimer``, and ``%clock64`` from the program's own start) at the producer's
+and both consumers' milestones, per program, as ``scripts/ws_probe.py`` does for wgmma_ws. One
+launch of the split kernel alone (no combine): a one-split launch keeps the stamps in the unused
+workspace, a launch with splits in the output (which only the combine writes). Diagnostic only:
+the instrumented copy of the kernel is built from the current ``graphattn/kernels/wgmma_rr.py``
+at run time.
+
+Run from the repository root on an sm_90 GPU:
+``PYTHONPATH=. python scripts/rr_probe.py 128x64x2048 64x64x2048`` (heads x rows x topk, shapes
+where the launch table picks wgmma_rr)."""
+import dataclasses
+import math
+import os
+import sys
+
+from ws_probe import instrument, load_module, report  # this script's folder is on sys.path
+
+KERNEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "graphattn", "kernels", "wgmma_rr.py")
+PROBE = '''
+
+@gluon.jit
+def _probe(ws_out_ptr, out_ptr, DIRECT: gl.constexpr, k: gl.constexpr):
+    if DIRECT:  # the workspace is unused
+        p = ws_out_ptr.to(gl.pointer_type(gl.int64)) + gl.program_id(0) * 64
+    else:  # the output is the combine's, which does not run
+        p = out_ptr.to(gl.pointer_type(gl.int64)) + gl.program_id(0) * 64
+    g = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+    c = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+    gl.store(p + k, g)
+    gl.store(p + 32 + k, c)
+
+'''
+# (a line of wgmma_rr.py, the probe put before it) then (a line, the probe put after it); the
+# slot numbers are NAMES'.
+BEFORE = [
+    ("        n0 = start + r * BLOCK_N\n", "        if r == 0:\n            _probe(ws_out_ptr, out_ptr, DIRECT, 20)\n"),
+    ("    # Both hold their outputs and sums at the last round's max: add the sums, store.\n",
+     "    _probe(ws_out_ptr, out_ptr, DIRECT, WG * 10 + 3)\n"),
+    ("\n\n@gluon.jit\ndef _scores_half(", "    _probe(ws_out_ptr, out_ptr, DIRECT, 23)\n"),
+]
+AFTER = [
+    ("    if WG == 0:\n        _load_q_first(q_ptr, stride_qr, stride_qh, row, hb, H, q_nope, q_rope, q_ready, "
+     "BLOCK_H, D_NOPE, D_ROPE)\n", "        _probe(ws_out_ptr, out_ptr, DIRECT, 21)\n"),
+    ("        _gather_half(kv_ptr, rows1, valid1, k_nope.index(1), k_rope.index(1), ready.index(2), free.index(2), ph,\n"
+     "                     0, D_NOPE, D_ROPE)\n", "        if r == 0:\n            _probe(ws_out_ptr, out_ptr, DIRECT, 22)\n"),
+    ("    mbarrier.wait(q_ready, 0)\n", "    _probe(ws_out_ptr, out_ptr, DIRECT, WG * 10 + 1)\n"),
+    ("            mbarrier.arrive(free.index(2))  # k1 L\n",
+     "            if r == 0:\n                _probe(ws_out_ptr, out_ptr, DIRECT, 2)\n"),
+    ("            mbarrier.arrive(free.index(1))  # k0 R\n",
+     "            if r == 0:\n                _probe(ws_out_ptr, out_ptr, DIRECT, 12)\n"),
+    ("            stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, row_s, o_layout, BLOCK_H, D_NOPE, DIRECT, WG)\n",
+     "    _probe(ws_out_ptr, out_ptr, DIRECT, WG * 10 + 5)\n"),
+]
+NAMES = {20: "producer round 0", 21: "c0 q copies issued", 22: "round 0 issued", 23: "last round issued",
+         1: "c0 q landed", 2: "c0 round 0 done", 3: "c0 loop done", 5: "c0 stored",
+         11: "c1 q landed", 12: "c1 round 0 done", 13: "c1 loop done", 15: "c1 stored"}
+
+
+def instrumented_source() -> str:
+    """wgmma_rr's source with the probes."""
+    return instrument(KERNEL, "_gather_half", PROBE, BEFORE, AFTER)
+
+
+def main(specs):
+    import torch
+
+    load_module(instrumented_source(), "rrprobe")
+    from graphattn.bench.kernels import make_copies
+    from graphattn.common.metadata import GraphMetadata
+    from graphattn.kernels import flashmla, split_plan
+
+    flashmla.GLUON_KERNELS["wgmma_rr"] = ("rrprobe", "_flashmla_rr_kernel")
+    for spec in specs:
+        h, r, t = (int(x) for x in spec.split("x"))
+        sets = make_copies(r, h, t, 8)  # the last call's inputs are cold in L2
+        md = GraphMetadata(r, h, t, torch.bfloat16, "cuda", **split_plan("flashmla", h, t).metadata_kwargs())
+        ws_out, ws_lse = md.workspace_for(r)
+        plan = flashmla.plan_flashmla(r, h, t, ws_out.shape[1])
+        assert plan.kernel == "wgmma_rr", f"{spec} runs {plan.kernel}, not wgmma_rr"
+        if plan.splits == 1:  # the stamps' room: a workspace the launch leaves alone
+            ws_out = torch.zeros(r, 1, h, 512, device="cuda")
+            ws_lse = torch.empty(r, 1, h, device="cuda")
+        call = flashmla.bind_flashmla(dataclasses.replace(plan, combine=None), sets[0]["idx"], 1 / math.sqrt(576),
+                                      ws_out, ws_lse)
+        out = torch.zeros(r, h, 512, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(r, h, device="cuda")
+        for s in sets:
+            sets[0]["idx"].copy_(s["idx"])
+            call(s["q"], s["kv"], (out, lse))
+        torch.cuda.synchronize()
+        progs = plan.main.grid[0]
+        stamps = ws_out if plan.splits == 1 else out
+        p = stamps.reshape(-1).view(torch.int64)[: progs * 64].view(progs, 64).cpu().double()
+        print(f"== {spec}: {progs} programs, {plan.splits} split(s), {plan.main.grid}")
+        report(p[:, :32], p[:, 32:], NAMES, 20, [5, 15])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
