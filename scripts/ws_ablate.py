@@ -1,9 +1,10 @@
 """What limits flashmla's warp-specialised kernel (wgmma_ws, sm_90): per-call time over a topk
 sweep with timing-only variants (results wrong by design): ``full``, ``nogather`` (the producer
 copies nothing: the products and softmax alone), ``nomma`` (no wgmma: the gathers alone). The
-slope over topk is the time per 64-token tile, the intercept the fixed cost of a program.
-``rr-VARIANT`` does the same to the round-schedule kernel (wgmma_rr, bf16 at 64+ heads where the
-launch has enough programs; ``nogather`` there skips its KV copies, not q's). ``l2hot`` and
+slope over topk is the time per 64-token tile, the intercept the fixed cost of a program. These
+run wgmma_ws at every size (``WGMMA_RR_MIN_PROGRAMS`` raised out of reach; the launch table now
+picks wgmma_rr at the default shapes). ``rr-VARIANT`` does the same to the round-schedule kernel
+(wgmma_rr, as the launch table picks it; ``nogather`` there skips its KV copies, not q's). ``l2hot`` and
 ``rr-l2hot`` fold every KV index into 256 tokens (wrong results): the same copies and shared-memory
 writes, from L2 instead of HBM, so against ``full`` and ``nogather`` they tell the memory's
 latency (a ring too shallow to hide it) from the copies' own cost in the SM. ``fp8-VARIANT`` runs
@@ -12,13 +13,14 @@ dequantisation): ``fp8-full``, ``fp8-nodeq`` (nothing dequantised: the tiles' by
 landed), ``fp8-copyonly`` (each half-tile's bytes loaded and stored back spread to 16-bit lanes,
 no arithmetic: the shared-memory round trip and its barriers alone).
 Run from the repository root on an sm_90 GPU:
-``PYTHONPATH=. python scripts/ws_ablate.py [rr-]VARIANT [HEADSxROWSxTOPK ...]`` (the kernel
+``PYTHONPATH=. python scripts/ws_ablate.py [rr-|fp8-]VARIANT [HEADSxROWSxTOPK ...]`` (the kernel
 table's method, graphattn.bench.kernels.measure)."""
 import sys
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from graphattn.cuda import configs as cuda_configs
 from graphattn.kernels import wgmma_rr, wgmma_ws
 from graphattn.kernels.wgmma import _load_indices
 from graphattn.kernels.wgmma_ws import GATHER_R
@@ -74,12 +76,14 @@ def _copy_only(kn, sc_rows, slot, b: gl.constexpr, x, conv: gl.constexpr, ROW0: 
     kn.slice(b * 128, 128, dim=1).store(v)
 
 
+# bf16 runs wgmma_ws at every size (the launch table would pick wgmma_rr at the default shapes)
+_WS = (cuda_configs, "WGMMA_RR_MIN_PROGRAMS", 1 << 30)
 # variant -> (module, name, stand-in) patches applied before the first compile
 VARIANTS = {
-    "full": (),
-    "nogather": ((wgmma_ws, "_gather_tile", _no_gather),),
-    "nomma": ((wgmma_ws, "warpgroup_mma", _no_mma), (wgmma_ws, "warpgroup_mma_wait", _no_wait)),
-    "l2hot": ((wgmma_ws, "_tile_indices", _tile_indices_hot),),
+    "full": (_WS,),
+    "nogather": (_WS, (wgmma_ws, "_gather_tile", _no_gather)),
+    "nomma": (_WS, (wgmma_ws, "warpgroup_mma", _no_mma), (wgmma_ws, "warpgroup_mma_wait", _no_wait)),
+    "l2hot": (_WS, (wgmma_ws, "_tile_indices", _tile_indices_hot)),
     "rr-full": (),
     "rr-nogather": ((wgmma_rr, "_async_load", _no_load),),
     "rr-nomma": ((wgmma_rr, "warpgroup_mma", _no_mma), (wgmma_rr, "warpgroup_mma_wait", _no_wait)),

@@ -6,7 +6,9 @@ the kernel is built from the current ``graphattn/kernels/wgmma_ws.py`` at run ti
 
 Run from the repository root on an sm_90 GPU:
 ``PYTHONPATH=. python scripts/ws_probe.py 128x64x2048 64x128x2048`` (heads x rows x topk; at
-least 64 heads and enough rows that the launch table picks wgmma_ws with one split)."""
+least 64 heads and enough rows for one split). bf16 kv runs wgmma_ws here even where the launch
+table would pick wgmma_rr (``WGMMA_RR_MIN_PROGRAMS`` raised out of reach), so these shapes time
+the kernel they timed before wgmma_rr existed; ``scripts/rr_probe.py`` probes wgmma_rr."""
 import importlib.util
 import math
 import os
@@ -105,7 +107,10 @@ def main(specs):
 
     instrumented_module()
     from graphattn.bench.kernels import make_copies
+    from graphattn.cuda import configs
     from graphattn.kernels import flashmla, sparse_mla_flashmla
+
+    configs.WGMMA_RR_MIN_PROGRAMS = 1 << 30  # bf16 runs wgmma_ws at every size (see the docstring)
 
     flashmla.GLUON_KERNELS["wgmma_ws"] = ("wsprobe", "_flashmla_ws_kernel")
     for spec in specs:

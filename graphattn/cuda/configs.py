@@ -62,7 +62,8 @@ _WGMMA_TILE = {"kernel": "wgmma_ws", "BLOCK_H": 64, "BLOCK_N": 64, "STAGES": 2, 
 # gathered, converted and computed in turn (kernels/wgmma_fp8.py up to 4011a35): 128 x 512 rows
 # 1582 -> 877 us, 64 x 64 110 -> 72, 16 x 512 784 -> 434 (docs/benchmarks.md).
 _WGMMA_FP8_TILE = {**_WGMMA_TILE, "KV_FP8": 1}
-# bf16/fp16 kv at 64+ heads: FlashMLA's round schedule (graphattn.kernels.wgmma_rr: rounds of
+# bf16/fp16 kv outside the wgmma_tn and tokens-major shapes (above 32 heads, and 17-32 heads
+# below TN_MIN_ROWS): FlashMLA's round schedule (graphattn.kernels.wgmma_rr: rounds of
 # two 64-token tiles, one per consumer, both scores at once, each P V fed from registers; BLOCK_N
 # is a round). A/B against wgmma_ws in one H200 call (us, kernel table method, docs/benchmarks.md):
 # 128 x 512 rows 582.9 -> 548.5, 128 x 64 x topk 8192 272.9 -> 258.5, 128 x 64 73.4 -> 71.3,

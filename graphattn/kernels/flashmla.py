@@ -133,8 +133,8 @@ def _select(rows: int, heads: int, topk: int, aligned: bool,
 
 def kernel_name(q: torch.Tensor, kv: torch.Tensor, topk: int) -> str:
     """The split kernel a launch over ``q`` and ``kv`` runs: a key of :data:`GLUON_KERNELS`
-    (Gluon, sm_90: ``"wgmma_rr"`` for kv in q's dtype at 64+ heads where the launch has enough
-    programs, ``"wgmma_ws"`` where not and for FP8 tokens, ``"wgmma_tn"`` at <= 32 heads),
+    (Gluon, sm_90: ``"wgmma_tn"`` at <= 32 heads from ``TN_MIN_ROWS`` rows, else ``"wgmma_rr"`` for
+    kv in q's dtype where the launch has enough programs, ``"wgmma_ws"`` where not and for FP8 tokens),
     ``"triton_kv_major"`` (the tokens-major Triton tile) or ``"triton"`` (the heads-major tiles)."""
     return _select(q.shape[0], q.shape[1], topk, aligned_16(q, kv), is_fp8_kv(kv))[2]
 
