@@ -7,9 +7,9 @@ Measured 2026-11-30 on one H200, torch 2.11, triton 3.6, at commit e9e67c2 (flas
 tokens-major kernel at <= 32 heads); the flashmla numbers again at a925a51 (the warp-specialised
 kernel's one-split output stored through shared memory; 19ed657, q loaded by its consumer, measured
 1-3% faster in an A/B at 1-64 rows and not re-tabled), and the whole flashmla column again on
-2026-12-01 at 6f924a3 (``wgmma_rr`` for bf16 at 64+ heads). FP8 (656-byte tokens): the same table with
-``--kv-dtype fp8`` (docs/benchmarks.md, "FP8 kernel table"), its flashmla column again on 2026-12-01
-at 7c902cc (each tile dequantised by both consumers).
+2026-12-01 at 6f924a3 (``wgmma_rr`` for bf16 at 64+ heads and 32 x 8). FP8 (656-byte tokens):
+the same table with ``--kv-dtype fp8`` (docs/benchmarks.md, "FP8 kernel table"), its flashmla
+column again on 2026-12-01 at 7c902cc (each tile dequantised by both consumers).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""flashmla's split kernel for sm_90 in rounds of two KV tiles (Gluon), for bf16/fp16 kv at 64+
-heads where a launch has enough programs (``graphattn.cuda.configs``): both consumers' scores at once, the local P fed to its products from registers, and the ring's
-halves released at different points of a round, so the producer refills part of a slot early.
+"""flashmla's split kernel for sm_90 in rounds of two KV tiles (Gluon), for bf16/fp16 kv where
+neither wgmma_tn nor the tokens-major Triton tile runs and a launch has enough programs
+(``graphattn.cuda.configs``): both consumers' scores at once, the local P fed to its products
+from registers, and the ring's halves released at different points of a round, so the producer
+refills part of a slot early.
 
 One program per (row, split, 64-head block), three warpgroups as in
 :mod:`graphattn.kernels.wgmma_ws` (``num_warps=4``, ``maxnreg=168``; consumers 232 registers,
