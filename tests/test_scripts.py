@@ -2,6 +2,7 @@
 still apply to the kernels as committed (they run only on a GPU, so a CPU test keeps them honest).
 """
 import importlib.util
+import os
 import pathlib
 import sys
 
@@ -34,3 +35,24 @@ def test_probe_hooks_every_milestone_once(name, call):
         arg = line[len(call):-1]
         slots |= {int(arg.split("+")[1]), 10 + int(arg.split("+")[1])} if "WG" in arg else {int(arg)}
     assert set(probe.NAMES) <= slots, sorted(set(probe.NAMES) - slots)
+
+
+def test_flashmla_ab_variants_and_ptx_rewrite(monkeypatch):
+    """flashmla_ab's variant strings become launch-table overrides, and its PTX rewrite gives
+    every cp.async copy the L2 prefetch size, in a Triton cache folder of its own."""
+    from triton import knobs
+
+    ab = _load("flashmla_ab")
+    assert ab.parse_variant("base") == {}
+    assert ab.parse_variant("L2_PREFETCH=1,max_splits=2") == {"L2_PREFETCH": 1, "max_splits": 2}
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/nonexistent/cache")
+    monkeypatch.setattr(knobs.runtime, "add_stages_inspection_hook", None)
+    ab._l2_prefetch_ptx(256)
+    assert os.environ["TRITON_CACHE_DIR"] != "/nonexistent/cache"
+    ptx = ("\tcp.async.cg.shared.global [ %r1 + 0 ], [ %rd1 + 0 ], 0x10, %r2;\n"
+           "\tcp.async.mbarrier.arrive.noinc.shared.b64 [ %r3 + 0 ];\n")
+    stages = {"ptx": lambda src, metadata: ptx}
+    knobs.runtime.add_stages_inspection_hook(None, stages, None, None, None)
+    out = stages["ptx"]("", {})
+    assert "cp.async.cg.shared.global.L2::256B [ %r1 + 0 ]" in out
+    assert "cp.async.mbarrier.arrive.noinc.shared.b64 [" in out  # only the copies

@@ -1,0 +1,152 @@
+"""A/B of launch settings of flashmla's Gluon kernels on an sm_90 GPU: the kernel table's method
+(graphattn.bench.kernels.measure), flashmla only, each variant a launch-table override of
+flashmla's settings in its own process, alternated.
+
+``PYTHONPATH=. python scripts/flashmla_ab.py --kernel wgmma_rr --alternate 2 base L2_AHEAD=1
+L2_AHEAD=1,Q=2 [--shapes 128x64x2048 ...]`` runs each variant (``base``: no override; otherwise
+``KEY=VALUE`` pairs joined by commas; ``PTX_L2_PREFETCH=128`` or ``256`` is no launch
+setting but a PTX rewrite giving the kernels' ``cp.async`` copies that L2 prefetch size) N times, alternating, each in a fresh process of at most
+150 s. A process first checks two launches at 128 heads x topk 2077 (257 rows in one split, 24
+rows in several; indices out of range included, outputs NaN-poisoned) against the float64
+reference and exits 1 if either is off or runs another kernel; then it prints one JSON line per
+shape. The overrides apply to whatever kernel flashmla picks,
+so a shape where the launch table picks another kernel than ``--kernel`` is refused. The script
+prints each variant's mean per shape and exits 1 if a run failed its check or did not finish.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+
+SHAPES = ["128x64x2048", "128x512x2048", "128x64x8192", "64x64x2048", "64x512x2048", "64x128x2048",
+          "128x8x2048", "32x8x2048"]
+
+
+def parse_variant(text: str) -> dict[str, int]:
+    """``base`` -> {}; ``A=1,B=2`` -> {"A": 1, "B": 2}."""
+    if text == "base":
+        return {}
+    return {k: int(v) for k, v in (pair.split("=") for pair in text.split(","))}
+
+
+def check(kernel: str, variant: str, rows: int, heads: int, topk: int, pool: int = 600_000) -> bool:
+    """One launch (the split plan's workspace, outputs NaN-poisoned, indices -1 and past the
+    pool included) against the float64 reference; prints a JSON line."""
+    import torch
+
+    from graphattn.common.metadata import GraphMetadata
+    from graphattn.common.reference import sparse_mla_reference
+    from graphattn.common.tolerances import tolerance
+    from graphattn.kernels import sparse_mla_flashmla, split_plan
+    from graphattn.kernels.flashmla import plan_flashmla
+
+    q = torch.randn(rows, heads, 576, device="cuda").bfloat16()
+    kv = torch.randn(pool, 576, device="cuda").bfloat16()
+    idx = torch.randint(0, pool, (rows, topk), device="cuda", dtype=torch.int32)
+    idx[:, ::7] = -1
+    idx[:, 3::11] = pool + 5
+    md = GraphMetadata(rows, heads, topk, torch.bfloat16, "cuda", **split_plan("flashmla", heads, topk).metadata_kwargs())
+    ws_out, ws_lse = md.workspace_for(rows)
+    ws_out.fill_(float("nan"))
+    ws_lse.fill_(float("nan"))
+    plan = plan_flashmla(rows, heads, topk, ws_out.shape[1])
+    out, lse = sparse_mla_flashmla(q, kv, idx, 1 / math.sqrt(576), ws_out, ws_lse)
+    ref_out, ref_lse = sparse_mla_reference(q, kv, idx, 1 / math.sqrt(576))
+    tol = tolerance(torch.bfloat16)
+    # worst error as a fraction of the allowed atol + rtol * |ref| (<= 1 passes)
+    err = ((out.double() - ref_out).abs() / (tol.atol + tol.rtol * ref_out.abs())).max().item()
+    finite = torch.isfinite(ref_lse)
+    lse_err = ((lse.double() - ref_lse).abs()[finite]
+               / (tol.lse_atol + tol.lse_rtol * ref_lse.abs()[finite])).max().item()
+    ok = (err <= 1 and lse_err <= 1 and bool(torch.equal(torch.isinf(lse), ~finite))
+          and plan.kernel == kernel)
+    print(json.dumps({"variant": variant, "check": f"{heads}x{rows}x{topk}", "kernel": plan.kernel,
+                      "splits": plan.splits, "out_err_of_tol": err, "lse_err_of_tol": lse_err, "ok": ok}),
+          flush=True)
+    return ok
+
+
+def _l2_prefetch_ptx(size: int) -> None:
+    """Rewrite every compile's PTX so its ``cp.async`` copies carry ``.L2::{size}B`` (L2 fetches
+    that many bytes around a miss; Gluon's async copy has no such option), in a cache folder of
+    its own (the hook is not part of Triton's cache key)."""
+    import tempfile
+
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"triton_l2_{size}_")
+    from triton import knobs
+
+    def hook(backend, stages, options, language, capability):
+        make_ptx = stages["ptx"]
+        stages["ptx"] = lambda src, metadata: make_ptx(src, metadata).replace(
+            "cp.async.cg.shared.global [", f"cp.async.cg.shared.global.L2::{size}B [")
+
+    knobs.runtime.add_stages_inspection_hook = hook
+
+
+def run_variant(kernel: str, variant: str, shapes: list[str]) -> int:
+    settings = parse_variant(variant)
+    if "PTX_L2_PREFETCH" in settings:  # not a launch setting: a PTX rewrite (see _l2_prefetch_ptx)
+        _l2_prefetch_ptx(settings.pop("PTX_L2_PREFETCH"))
+    from graphattn.bench import kernels as kb
+    from graphattn.common.platform import current_platform
+    from graphattn.kernels.flashmla import plan_flashmla
+    from graphattn.kernels.launch import clear_launch_plans
+
+    with current_platform().launch_table.override("flashmla", **settings):
+        clear_launch_plans()
+        # one launch with more programs than SMs and no splits, one with splits (and its combine)
+        for rows, heads, topk in ((257, 128, 2048 + 29), (24, 128, 2048 + 29)):
+            if not check(kernel, variant, rows, heads, topk):
+                return 1
+        for shape in shapes:
+            heads, rows, topk = (int(x) for x in shape.split("x"))
+            picked = plan_flashmla(rows, heads, topk, 32).kernel
+            if picked != kernel:
+                print(f"{shape} runs {picked}, not {kernel}: the variants do not apply there", flush=True)
+                return 1
+            us = kb.measure(heads, rows, topk, paths=("flashmla",))[0]["us"]
+            print(json.dumps({"variant": variant, "shape": shape, "us": us}), flush=True)
+        clear_launch_plans()
+    return 0
+
+
+def alternate(kernel: str, times: int, variants: list[str], shapes: list[str]) -> int:
+    results: dict[tuple[str, str], list[float]] = {}
+    failed = 0
+    for _ in range(times):
+        for variant in variants:
+            cmd = [sys.executable, __file__, "--kernel", kernel, "--one", variant, "--shapes", *shapes]
+            try:
+                run = subprocess.run(cmd, capture_output=True, text=True, env=os.environ, timeout=150)
+            except subprocess.TimeoutExpired as exc:
+                print(f"{variant}: no result in {exc.timeout} s (a hang?)", flush=True)
+                failed += 1
+                continue
+            sys.stdout.write(run.stdout + run.stderr[-2000:])
+            failed += run.returncode != 0
+            for line in run.stdout.splitlines():
+                if line.startswith("{") and "us" in (rec := json.loads(line)):
+                    results.setdefault((rec["shape"], variant), []).append(rec["us"])
+    for shape in shapes:
+        for variant in variants:
+            if times_us := results.get((shape, variant)):
+                print(f"{shape:>14} {variant:>22} {sum(times_us) / len(times_us):9.2f} us  "
+                      f"({', '.join(f'{t:.2f}' for t in times_us)})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kernel", default="wgmma_rr", help="the kernel the shapes must run")
+    ap.add_argument("--alternate", type=int, default=2, help="runs of each variant")
+    ap.add_argument("--one", help="run this one variant in this process")
+    ap.add_argument("--shapes", nargs="+", default=SHAPES, help="HEADSxROWSxTOPK")
+    ap.add_argument("variants", nargs="*", default=["base"])
+    args = ap.parse_args()
+    if args.one:
+        sys.exit(run_variant(args.kernel, args.one, args.shapes))
+    sys.exit(alternate(args.kernel, args.alternate, args.variants, args.shapes))
