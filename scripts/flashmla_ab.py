@@ -2,16 +2,18 @@
 (graphattn.bench.kernels.measure), flashmla only, each variant a launch-table override of
 flashmla's settings in its own process, alternated.
 
-``PYTHONPATH=. python scripts/flashmla_ab.py --kernel wgmma_rr --alternate 2 base L2_AHEAD=1
-L2_AHEAD=1,Q=2 [--shapes 128x64x2048 ...]`` runs each variant (``base``: no override; otherwise
-``KEY=VALUE`` pairs joined by commas; ``PTX_L2_PREFETCH=128`` or ``256`` is no launch
-setting but a PTX rewrite giving the kernels' ``cp.async`` copies that L2 prefetch size) N times, alternating, each in a fresh process of at most
-150 s. A process first checks two launches at 128 heads x topk 2077 (257 rows in one split, 24
-rows in several; indices out of range included, outputs NaN-poisoned) against the float64
-reference and exits 1 if either is off or runs another kernel; then it prints one JSON line per
-shape. The overrides apply to whatever kernel flashmla picks,
-so a shape where the launch table picks another kernel than ``--kernel`` is refused. The script
-prints each variant's mean per shape and exits 1 if a run failed its check or did not finish.
+``PYTHONPATH=. python scripts/flashmla_ab.py --kernel wgmma_rr --alternate 2 base L2_PREFETCH=1
+kernel=wgmma_rr,BLOCK_N=128 [--kv-fp8] [--shapes 128x64x2048 ...]`` runs each variant N times,
+alternating, each in a fresh process of at most 150 s. A variant is ``base`` (no override) or
+``KEY=VALUE`` pairs joined by commas (ints where they parse); ``PTX_L2_PREFETCH=128`` or ``256``
+is no launch setting but a PTX rewrite giving the kernels' ``cp.async`` copies that L2 prefetch
+size. ``--kv-fp8``: 656-byte FP8 tokens. A process first checks two launches at 128 heads x topk
+2077 (257 rows in one split, 24 rows in several; indices out of range included, outputs
+NaN-poisoned) against the float64 reference (of the dequantised cache with FP8) and exits 1 if
+either is off or runs another kernel than the variant's ``kernel`` (default ``--kernel``); then
+it prints one JSON line per shape, refusing shapes where that kernel does not run (the
+overrides apply to whatever kernel flashmla picks). The script prints each variant's mean per
+shape and exits 1 if a run failed its check or did not finish.
 """
 from __future__ import annotations
 
@@ -26,18 +28,23 @@ SHAPES = ["128x64x2048", "128x512x2048", "128x64x8192", "64x64x2048", "64x512x20
           "128x8x2048", "32x8x2048"]
 
 
-def parse_variant(text: str) -> dict[str, int]:
-    """``base`` -> {}; ``A=1,B=2`` -> {"A": 1, "B": 2}."""
+def parse_variant(text: str) -> dict[str, int | str]:
+    """``base`` -> {}; ``A=1,kernel=wgmma_rr`` -> {"A": 1, "kernel": "wgmma_rr"} (ints where
+    they parse)."""
     if text == "base":
         return {}
-    return {k: int(v) for k, v in (pair.split("=") for pair in text.split(","))}
+    pairs = (pair.split("=") for pair in text.split(","))
+    return {k: int(v) if v.lstrip("-").isdigit() else v for k, v in pairs}
 
 
-def check(kernel: str, variant: str, rows: int, heads: int, topk: int, pool: int = 600_000) -> bool:
+def check(kernel: str, variant: str, rows: int, heads: int, topk: int, kv_fp8: bool = False,
+          pool: int = 600_000) -> bool:
     """One launch (the split plan's workspace, outputs NaN-poisoned, indices -1 and past the
-    pool included) against the float64 reference; prints a JSON line."""
+    pool included) against the float64 reference (of the dequantised cache with ``kv_fp8``);
+    prints a JSON line."""
     import torch
 
+    from graphattn.common.kv_layout import dequantize_kv, quantize_kv
     from graphattn.common.metadata import GraphMetadata
     from graphattn.common.reference import sparse_mla_reference
     from graphattn.common.tolerances import tolerance
@@ -46,17 +53,21 @@ def check(kernel: str, variant: str, rows: int, heads: int, topk: int, pool: int
 
     q = torch.randn(rows, heads, 576, device="cuda").bfloat16()
     kv = torch.randn(pool, 576, device="cuda").bfloat16()
+    if kv_fp8:
+        kv = quantize_kv(kv)
     idx = torch.randint(0, pool, (rows, topk), device="cuda", dtype=torch.int32)
     idx[:, ::7] = -1
     idx[:, 3::11] = pool + 5
-    md = GraphMetadata(rows, heads, topk, torch.bfloat16, "cuda", **split_plan("flashmla", heads, topk).metadata_kwargs())
+    md = GraphMetadata(rows, heads, topk, torch.bfloat16, "cuda",
+                       **split_plan("flashmla", heads, topk, kv_fp8=kv_fp8).metadata_kwargs())
     ws_out, ws_lse = md.workspace_for(rows)
     ws_out.fill_(float("nan"))
     ws_lse.fill_(float("nan"))
-    plan = plan_flashmla(rows, heads, topk, ws_out.shape[1])
+    plan = plan_flashmla(rows, heads, topk, ws_out.shape[1], kv_fp8=kv_fp8)
     out, lse = sparse_mla_flashmla(q, kv, idx, 1 / math.sqrt(576), ws_out, ws_lse)
-    ref_out, ref_lse = sparse_mla_reference(q, kv, idx, 1 / math.sqrt(576))
-    tol = tolerance(torch.bfloat16)
+    ref_kv = dequantize_kv(kv, dtype=q.dtype) if kv_fp8 else kv
+    ref_out, ref_lse = sparse_mla_reference(q, ref_kv, idx, 1 / math.sqrt(576))
+    tol = tolerance(torch.bfloat16, "fp8" if kv_fp8 else "auto")
     # worst error as a fraction of the allowed atol + rtol * |ref| (<= 1 passes)
     err = ((out.double() - ref_out).abs() / (tol.atol + tol.rtol * ref_out.abs())).max().item()
     finite = torch.isfinite(ref_lse)
@@ -87,7 +98,7 @@ def _l2_prefetch_ptx(size: int) -> None:
     knobs.runtime.add_stages_inspection_hook = hook
 
 
-def run_variant(kernel: str, variant: str, shapes: list[str]) -> int:
+def run_variant(kernel: str, variant: str, shapes: list[str], kv_fp8: bool = False) -> int:
     settings = parse_variant(variant)
     if "PTX_L2_PREFETCH" in settings:  # not a launch setting: a PTX rewrite (see _l2_prefetch_ptx)
         _l2_prefetch_ptx(settings.pop("PTX_L2_PREFETCH"))
@@ -96,30 +107,32 @@ def run_variant(kernel: str, variant: str, shapes: list[str]) -> int:
     from graphattn.kernels.flashmla import plan_flashmla
     from graphattn.kernels.launch import clear_launch_plans
 
+    kernel = settings.get("kernel", kernel)  # a variant may pick the kernel itself
     with current_platform().launch_table.override("flashmla", **settings):
         clear_launch_plans()
         # one launch with more programs than SMs and no splits, one with splits (and its combine)
         for rows, heads, topk in ((257, 128, 2048 + 29), (24, 128, 2048 + 29)):
-            if not check(kernel, variant, rows, heads, topk):
+            if not check(kernel, variant, rows, heads, topk, kv_fp8):
                 return 1
         for shape in shapes:
             heads, rows, topk = (int(x) for x in shape.split("x"))
-            picked = plan_flashmla(rows, heads, topk, 32).kernel
+            picked = plan_flashmla(rows, heads, topk, 32, kv_fp8=kv_fp8).kernel
             if picked != kernel:
                 print(f"{shape} runs {picked}, not {kernel}: the variants do not apply there", flush=True)
                 return 1
-            us = kb.measure(heads, rows, topk, paths=("flashmla",))[0]["us"]
+            us = kb.measure(heads, rows, topk, paths=("flashmla",), kv_fp8=kv_fp8)[0]["us"]
             print(json.dumps({"variant": variant, "shape": shape, "us": us}), flush=True)
         clear_launch_plans()
     return 0
 
 
-def alternate(kernel: str, times: int, variants: list[str], shapes: list[str]) -> int:
+def alternate(kernel: str, times: int, variants: list[str], shapes: list[str], kv_fp8: bool = False) -> int:
     results: dict[tuple[str, str], list[float]] = {}
     failed = 0
     for _ in range(times):
         for variant in variants:
             cmd = [sys.executable, __file__, "--kernel", kernel, "--one", variant, "--shapes", *shapes]
+            cmd += ["--kv-fp8"] if kv_fp8 else []
             try:
                 run = subprocess.run(cmd, capture_output=True, text=True, env=os.environ, timeout=150)
             except subprocess.TimeoutExpired as exc:
@@ -145,8 +158,9 @@ if __name__ == "__main__":
     ap.add_argument("--alternate", type=int, default=2, help="runs of each variant")
     ap.add_argument("--one", help="run this one variant in this process")
     ap.add_argument("--shapes", nargs="+", default=SHAPES, help="HEADSxROWSxTOPK")
+    ap.add_argument("--kv-fp8", action="store_true", help="656-byte FP8 KV tokens")
     ap.add_argument("variants", nargs="*", default=["base"])
     args = ap.parse_args()
     if args.one:
-        sys.exit(run_variant(args.kernel, args.one, args.shapes))
-    sys.exit(alternate(args.kernel, args.alternate, args.variants, args.shapes))
+        sys.exit(run_variant(args.kernel, args.one, args.shapes, args.kv_fp8))
+    sys.exit(alternate(args.kernel, args.alternate, args.variants, args.shapes, args.kv_fp8))

@@ -45,6 +45,7 @@ def test_flashmla_ab_variants_and_ptx_rewrite(monkeypatch):
     ab = _load("flashmla_ab")
     assert ab.parse_variant("base") == {}
     assert ab.parse_variant("L2_PREFETCH=1,max_splits=2") == {"L2_PREFETCH": 1, "max_splits": 2}
+    assert ab.parse_variant("kernel=wgmma_rr,BLOCK_N=128,X=-1") == {"kernel": "wgmma_rr", "BLOCK_N": 128, "X": -1}
     monkeypatch.setenv("TRITON_CACHE_DIR", "/nonexistent/cache")
     monkeypatch.setattr(knobs.runtime, "add_stages_inspection_hook", None)
     ab._l2_prefetch_ptx(256)
