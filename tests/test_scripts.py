@@ -57,3 +57,22 @@ def test_flashmla_ab_variants_and_ptx_rewrite(monkeypatch):
     out = stages["ptx"]("", {})
     assert "cp.async.cg.shared.global.L2::256B [ %r1 + 0 ]" in out
     assert "cp.async.mbarrier.arrive.noinc.shared.b64 [" in out  # only the copies
+
+
+def test_probe_report_converts_clock64_at_the_measured_clock(capsys):
+    """The probes' report converts clock64 to µs at the SM clock the stamps measure (1.75 GHz
+    here, as under load), not the boost clock: a milestone 3 µs after its program's start reads 3."""
+    import torch
+
+    probe = _load("ws_probe")
+    g = torch.zeros(3, 32, dtype=torch.float64)
+    c = torch.zeros(3, 32, dtype=torch.float64)
+    for p in range(3):  # programs start 1 µs apart; slot 20 entry, 1 a milestone, 5 the end
+        for slot, ns in ((20, 0.0), (1, 3000.0), (5, 60000.0)):
+            g[p, slot] = 1000.0 * p + ns
+            c[p, slot] = 7000.0 * p + 1.75 * ns
+    probe.report(g, c, {1: "q landed", 5: "stored"}, 20, [5])
+    out = capsys.readouterr().out
+    assert "measured 1.75 GHz" in out, out
+    line = next(x for x in out.splitlines() if "q landed" in x)
+    assert line.endswith("from its own start: median    3.00"), line
