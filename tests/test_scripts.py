@@ -61,6 +61,20 @@ def test_flashmla_ab_variants_and_ptx_rewrite(monkeypatch):
     assert "cp.async.mbarrier.arrive.noinc.shared.b64 [" in out  # only the copies
 
 
+def test_flashmla_ab_checks_run_the_kernel_under_test():
+    """Each kernel's checks are shapes where sm_90's launch table picks that kernel (a check at
+    128 heads would test wgmma_rr while the variants change wgmma_tn), with splits and without."""
+    from graphattn.cuda import configs
+
+    ab = _load("flashmla_ab")
+    for kernel, checks in ab.CHECKS.items():
+        for rows, heads, topk in checks:
+            for kv_fp8 in (False, True):
+                cfg = configs.kernel_config("flashmla", rows=rows, heads=heads, topk=topk, kv_fp8=kv_fp8)
+                assert cfg.get("kernel") == kernel, (kernel, rows, heads, topk, kv_fp8, cfg.get("kernel"))
+    assert {h for _, h, _ in ab.CHECKS["wgmma_tn"]} == {16, 32}  # both of its head blocks
+
+
 def test_probe_report_converts_clock64_at_the_measured_clock(capsys):
     """The probes' report converts clock64 to µs at the SM clock the stamps measure (1.75 GHz
     here, as under load), not the boost clock: a milestone 3 µs after its program's start reads 3."""
