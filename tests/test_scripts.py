@@ -92,3 +92,36 @@ def test_probe_report_converts_clock64_at_the_measured_clock(capsys):
     assert "measured 1.75 GHz" in out, out
     line = next(x for x in out.splitlines() if "q landed" in x)
     assert line.endswith("from its own start: median    3.00"), line
+
+
+def test_dsmem_probe_compiles_for_sm90_and_its_offsets_are_the_allocators():
+    """dsmem_probe's kernels compile for sm_90 (no GPU), their PTX makes the cluster writes, and
+    the shared-memory offsets its inline PTX uses are those smem_offsets reads from the
+    allocator (a subprocess: Gluon compiles outside the interpreter)."""
+    import subprocess
+
+    code = (
+        "import sys; sys.path.insert(0, 'scripts')\n"
+        "import dsmem_probe as d, smem_offsets as o\n"
+        "k = d.compile_all()\n"
+        "print('shared', [k[n].metadata.shared for n in ('dsmem_kernel', 'dsmem_kernel_1cta', 'exchange_kernel')])\n"
+        "ptx = k['exchange_kernel'].asm['ptx']\n"
+        "print('bulk', ptx.count('cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes'))\n"
+        "print('st.async', 'st.async.shared::cluster.mbarrier::complete_tx::bytes' in k['dsmem_kernel_1cta'].asm['ptx'])\n"
+        "sig = {'t_ptr': '*i64', 'ASM_SEND': 'constexpr', 'C': 'constexpr', 'WORDS': 'constexpr'}\n"
+        "_, found = o.offsets(d._exchange_kernel, sig, {'ASM_SEND': d.send_asm(2, 16384, 0, 65536, 131072), "
+        "'C': 2, 'WORDS': 16384}, {'num_warps': 4})\n"
+        "print('offsets', sorted((n, off) for n, off, _ in found))\n"
+        "sig = {'out_ptr': '*i32', 'ASM': 'constexpr', 'N': 'constexpr'}\n"
+        "_, found = o.offsets(d._dsmem_kernel_1cta, sig, {'ASM': d.remote_store_asm(0, 512), 'N': d.N}, {'num_warps': 4})\n"
+        "print('offsets1', sorted((n, off) for n, off, _ in found))\n")
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = dict(line.split(" ", 1) for line in run.stdout.splitlines() if line.split(" ", 1)[0] in
+               ("shared", "bulk", "st.async", "offsets", "offsets1"))
+    assert out["shared"] == "[520, 520, 131080]"
+    assert out["bulk"] == "8"  # send_asm(8, ...): one copy per CTA of the cluster (the own one predicated off)
+    assert out["st.async"] == "True"
+    assert out["offsets"] == "[('bar', 131072), ('recv', 65536), ('stage', 0)]"  # exchange()'s offsets
+    assert out["offsets1"] == "[('bar', 512), ('buf', 0)]"  # run()'s remote_store_asm(0, 512)
