@@ -59,6 +59,7 @@ def test_flashmla_ab_variants_and_ptx_rewrite(monkeypatch):
     out = stages["ptx"]("", {})
     assert "cp.async.cg.shared.global.L2::256B [ %r1 + 0 ]" in out
     assert "cp.async.mbarrier.arrive.noinc.shared.b64 [" in out  # only the copies
+    assert knobs.runtime.add_stages_inspection_hook() == ("l2_prefetch_256", "l2_prefetch_256")  # triton 3.9's key
 
 
 def test_flashmla_ab_checks_run_the_kernel_under_test():
