@@ -69,8 +69,9 @@ def _dsmem_kernel(out_ptr, ASM: gl.constexpr, N: gl.constexpr):
     blk = gl.inline_asm_elementwise("mov.u32 $0, %ctaid.x;", "=r,r", [i], dtype=gl.int32, is_pure=True, pack=1)
     got = _swap_with_peer(buf, bar, blk, ASM, N, layout)
     # st.global by hand: a store of a tensor replicated over the cluster's CTAs is made by one CTA
-    gl.inline_asm_elementwise("st.global.b32 [$1], $2; mov.u32 $0, 0;", "=r,l,r", [out_ptr + blk.to(gl.int64) * N + i, got],
-                              dtype=gl.int32, is_pure=False, pack=1)
+    dst = out_ptr + blk.to(gl.int64) * N + i
+    gl.inline_asm_elementwise("st.global.b32 [$1], $2; mov.u32 $0, 0;", "=r,l,r", [dst, got], dtype=gl.int32,
+                              is_pure=False, pack=1)
     _cluster_barrier()  # neither CTA exits while the other may still write to it
 
 
@@ -183,7 +184,8 @@ def send_asm(c: int, words: int, off_stage: int, off_recv: int, off_bar: int, pi
                         f" mad.lo.u32 dst, r, {chunk}, base; add.u32 dst, dst, {off_recv + q_ * piece};"
                         f" add.u32 bar, base, {off_bar};"
                         f" mapa.shared::cluster.u32 rdst, dst, {j}; mapa.shared::cluster.u32 rbar, bar, {j};"
-                        f" @q cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [rdst], [src], {piece}, [rbar];")
+                        " @q cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes"
+                        f" [rdst], [src], {piece}, [rbar];")
     body.append("mov.u32 $0, 0; }")
     return " ".join(body)
 
@@ -215,8 +217,9 @@ def exchange(c: int, words: int = 16384, clusters: int = 16, pieces: int = 1):
                 s += chunk * base + chunk * (chunk - 1) // 2
         want.append(s)
     ok = t[1::2].tolist() == want
-    print(f"[{pieces} copies a chunk] cluster {c}: {words * 4 // 1024} KB a CTA, {c - 1} chunks of {chunk * 4 // 1024} KB out and in: "
-          f"median {ns.median().item() / 1000:.2f} us, max {ns.max().item() / 1000:.2f} us, data {'OK' if ok else 'WRONG'}")
+    print(f"[{pieces} copies a chunk] cluster {c}: {words * 4 // 1024} KB a CTA, "
+          f"{c - 1} chunks of {chunk * 4 // 1024} KB out and in: median {ns.median().item() / 1000:.2f} us, "
+          f"max {ns.max().item() / 1000:.2f} us, data {'OK' if ok else 'WRONG'}")
     return ok
 
 

@@ -7,14 +7,14 @@ kernel=wgmma_rr,BLOCK_N=128 [--kv-fp8] [--shapes 128x64x2048 ...]`` runs each va
 alternating, each in a fresh process of at most 150 s. A variant is ``base`` (no override) or
 ``KEY=VALUE`` pairs joined by commas (ints where they parse); ``PTX_L2_PREFETCH=128`` or ``256``
 is no launch setting but a PTX rewrite giving the kernels' ``cp.async`` copies that L2 prefetch
-size. ``--kv-fp8``: 656-byte FP8 tokens. A process first checks two launches at 128 heads x topk
-2077 (257 rows in one split, 24 rows in several; for ``wgmma_tn`` four, at 16 and 32 heads, for
-``wgmma_ws`` 1 row at 128 heads and 2 at 64, in several splits;
-indices out of range included, outputs NaN-poisoned) against the float64 reference (of the dequantised cache with FP8) and exits 1 if
-either is off or runs another kernel than the variant's ``kernel`` (default ``--kernel``); then
-it prints one JSON line per shape, refusing shapes where that kernel does not run (the
-overrides apply to whatever kernel flashmla picks). The script prints each variant's mean per
-shape and exits 1 if a run failed its check or did not finish.
+size. ``--kv-fp8``: 656-byte FP8 tokens. A process first checks launches at topk 2077 where the
+kernel runs (:data:`CHECKS`: by default 128 heads x 257 rows in one split and x 24 rows in
+several; indices out of range included, outputs NaN-poisoned) against the float64 reference (of
+the dequantised cache with FP8) and exits 1 if one is off or runs another kernel than the
+variant's ``kernel`` (default ``--kernel``); then it prints one JSON line per shape, refusing
+shapes where that kernel does not run (the overrides apply to whatever kernel flashmla picks).
+The script prints each variant's mean per shape and exits 1 if a run failed its check or did
+not finish.
 """
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ import subprocess
 import sys
 
 # The checks' (rows, heads, topk): a launch with more programs than SMs and no splits, one with
-# splits (and its combine); wgmma_tn's at its 16 and 32 heads.
+# splits (and its combine); wgmma_tn's at its 16 and 32 heads, wgmma_ws's where bf16 kv runs it.
 CHECKS = {"wgmma_tn": ((257, 16, 2077), (24, 16, 2077), (257, 32, 2077), (64, 32, 2077)),
-          "wgmma_ws": ((1, 128, 2077), (2, 64, 2077))}  # bf16 kv runs it at few rows only
+          "wgmma_ws": ((1, 128, 2077), (2, 64, 2077))}
 DEFAULT_CHECKS = ((257, 128, 2077), (24, 128, 2077))
 SHAPES = ["128x64x2048", "128x512x2048", "128x64x8192", "64x64x2048", "64x512x2048", "64x128x2048",
           "128x8x2048", "32x8x2048"]
