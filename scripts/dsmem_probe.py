@@ -28,6 +28,27 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 N = 128
+WORDS = 16384  # the exchange's 64 KB a CTA
+# Kernel signatures (constexprs by name) for compiling outside the JIT.
+SWAP_SIG = {"out_ptr": "*i32", "ASM": "constexpr", "N": "constexpr"}
+EXCHANGE_SIG = {"t_ptr": "*i64", "ASM_SEND": "constexpr", "C": "constexpr", "WORDS": "constexpr"}
+# Where triton's allocator puts the kernels' buffers (bytes into global_smem; the CPU test reads
+# them back with smem_offsets): the swap kernels' (buf, bar), the exchange kernel's (stage, recv, bar).
+SWAP_OFFSETS = (0, N * 4)
+
+
+def exchange_offsets(words: int = WORDS) -> tuple[int, int, int]:
+    """``_exchange_kernel``'s (stage, recv, bar) offsets for ``words`` int32 words a buffer."""
+    return 0, words * 4, 2 * words * 4
+
+
+def in_clusters(fn, size: int, clusters: int, *args, **kwargs):
+    """Compile one-CTA Gluon code ``fn`` for ``args``/``kwargs`` and return ``launch()``, which runs
+    it as ``clusters`` clusters of ``size`` CTAs: the compiled kernel's ``num_ctas`` is what
+    Triton's launcher takes the cluster shape from (and multiplies the grid by)."""
+    k = fn.warmup(*args, grid=(clusters * size,), **kwargs)
+    k.packed_metadata = (k.packed_metadata[0], size, k.packed_metadata[2])
+    return lambda: fn[(clusters,)](*args, **kwargs)
 
 
 @gluon.jit
@@ -104,23 +125,21 @@ def compile_all() -> dict:
     from triton.experimental.gluon._runtime import GluonASTSource
 
     target = GPUTarget("cuda", 90, 32)
-    sig = {"out_ptr": "*i32", "ASM": "constexpr", "N": "constexpr"}
     out = {}
     for name, fn, ctas in (("dsmem_kernel", _dsmem_kernel, 2), ("dsmem_kernel_1cta", _dsmem_kernel_1cta, 1)):
-        src = GluonASTSource(fn=fn, signature=sig, constexprs={"ASM": remote_store_asm(0, 512), "N": N})
+        src = GluonASTSource(fn=fn, signature=SWAP_SIG, constexprs={"ASM": remote_store_asm(*SWAP_OFFSETS), "N": N})
         out[name] = triton.compile(src, target=target, options={"num_warps": 4, "num_ctas": ctas})
-    sig = {"t_ptr": "*i64", "ASM_SEND": "constexpr", "C": "constexpr", "WORDS": "constexpr"}
-    src = GluonASTSource(fn=_exchange_kernel, signature=sig,
-                         constexprs={"ASM_SEND": send_asm(8, 16384, 0, 65536, 131072), "C": 8, "WORDS": 16384})
+    src = GluonASTSource(fn=_exchange_kernel, signature=EXCHANGE_SIG,
+                         constexprs={"ASM_SEND": send_asm(8, WORDS, *exchange_offsets()), "C": 8, "WORDS": WORDS})
     out["exchange_kernel"] = triton.compile(src, target=target, options={"num_warps": 4})
     return out
 
 
 def run():
     """Launch on the GPU: 2 clusters of 2 CTAs; each CTA must hold its peer's values."""
-    from triton.experimental.gluon._runtime import GluonASTSource  # noqa: F401
+    asm = remote_store_asm(*SWAP_OFFSETS)
     out = torch.full((4, N), -1, dtype=torch.int32, device="cuda")
-    _dsmem_kernel[(2,)](out, ASM=remote_store_asm(0, 512), N=N, num_warps=4, num_ctas=2)
+    _dsmem_kernel[(2,)](out, ASM=asm, N=N, num_warps=4, num_ctas=2)
     torch.cuda.synchronize()
     i = torch.arange(N, device="cuda", dtype=torch.int32)
     # CTA b receives from its peer b ^ 1 (cluster rank (b ^ 1) % 2)
@@ -128,11 +147,8 @@ def run():
     print("got:", out[:, :2].tolist(), "want:", want[:, :2].tolist())
     ok1 = torch.equal(out, want)
     print("DSMEM st.async through the cluster (num_ctas=2 compile):", "OK" if ok1 else "MISMATCH")
-    # one-CTA code launched in clusters of two: compile, then ask the launcher for clusters
     out.fill_(-1)
-    k = _dsmem_kernel_1cta.warmup(out, ASM=remote_store_asm(0, 512), N=N, num_warps=4, grid=(4,))
-    k.packed_metadata = (k.packed_metadata[0], 2, k.packed_metadata[2])
-    _dsmem_kernel_1cta[(2,)](out, ASM=remote_store_asm(0, 512), N=N, num_warps=4)
+    in_clusters(_dsmem_kernel_1cta, 2, 2, out, ASM=asm, N=N, num_warps=4)()
     torch.cuda.synchronize()
     ok2 = torch.equal(out, want)
     print("got:", out[:, :2].tolist())
@@ -190,16 +206,14 @@ def send_asm(c: int, words: int, off_stage: int, off_recv: int, off_bar: int, pi
     return " ".join(body)
 
 
-def exchange(c: int, words: int = 16384, clusters: int = 16, pieces: int = 1):
+def exchange(c: int, words: int = WORDS, clusters: int = 16, pieces: int = 1):
     """Time the exchange in clusters of c CTAs (one-CTA code, launched with num_ctas = c); each
     chunk in `pieces` bulk copies (from one thread)."""
-    offs = (0, words * 4, 2 * words * 4)
-    asm = send_asm(c, words, *offs, pieces=pieces)
+    asm = send_asm(c, words, *exchange_offsets(words), pieces=pieces)
     t = torch.zeros(clusters * c * 2, dtype=torch.int64, device="cuda")
-    k = _exchange_kernel.warmup(t, ASM_SEND=asm, C=c, WORDS=words, num_warps=4, grid=(clusters * c,))
-    k.packed_metadata = (k.packed_metadata[0], c, k.packed_metadata[2])
+    launch = in_clusters(_exchange_kernel, c, clusters, t, ASM_SEND=asm, C=c, WORDS=words, num_warps=4)
     for _ in range(3):
-        _exchange_kernel[(clusters,)](t, ASM_SEND=asm, C=c, WORDS=words, num_warps=4)
+        launch()
     torch.cuda.synchronize()
     ns = t[0::2].double()
     # what CTA p should have received: chunk k of peer j (j's words k*chunk..) at position j

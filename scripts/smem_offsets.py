@@ -81,7 +81,6 @@ if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(__file__))
     import dsmem_probe as d
 
-    sig = {"t_ptr": "*i64", "ASM_SEND": "constexpr", "C": "constexpr", "WORDS": "constexpr"}
-    c, found = offsets(d._exchange_kernel, sig, {"ASM_SEND": d.send_asm(2, 16384, 0, 65536, 131072), "C": 2,
-                                                  "WORDS": 16384}, {"num_warps": 4})
+    c, found = offsets(d._exchange_kernel, d.EXCHANGE_SIG, {"ASM_SEND": d.send_asm(2, d.WORDS, *d.exchange_offsets()),
+                                                             "C": 2, "WORDS": d.WORDS}, {"num_warps": 4})
     print(c.metadata.shared, found)

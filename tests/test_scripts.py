@@ -108,21 +108,23 @@ def test_dsmem_probe_compiles_for_sm90_and_its_offsets_are_the_allocators():
         "print('shared', [k[n].metadata.shared for n in ('dsmem_kernel', 'dsmem_kernel_1cta', 'exchange_kernel')])\n"
         "ptx = k['exchange_kernel'].asm['ptx']\n"
         "print('bulk', ptx.count('cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes'))\n"
-        "print('st.async', 'st.async.shared::cluster.mbarrier::complete_tx::bytes' in k['dsmem_kernel_1cta'].asm['ptx'])\n"
-        "sig = {'t_ptr': '*i64', 'ASM_SEND': 'constexpr', 'C': 'constexpr', 'WORDS': 'constexpr'}\n"
-        "_, found = o.offsets(d._exchange_kernel, sig, {'ASM_SEND': d.send_asm(2, 16384, 0, 65536, 131072), "
-        "'C': 2, 'WORDS': 16384}, {'num_warps': 4})\n"
+        "print('st.async', 'st.async.shared::cluster.mbarrier::complete_tx::bytes'\n"
+        "      in k['dsmem_kernel_1cta'].asm['ptx'])\n"
+        "_, found = o.offsets(d._exchange_kernel, d.EXCHANGE_SIG, {'ASM_SEND': d.send_asm(2, d.WORDS, "
+        "*d.exchange_offsets()), 'C': 2, 'WORDS': d.WORDS}, {'num_warps': 4})\n"
         "print('offsets', sorted((n, off) for n, off, _ in found))\n"
-        "sig = {'out_ptr': '*i32', 'ASM': 'constexpr', 'N': 'constexpr'}\n"
-        "_, found = o.offsets(d._dsmem_kernel_1cta, sig, {'ASM': d.remote_store_asm(0, 512), 'N': d.N}, {'num_warps': 4})\n"
+        "print('used', d.exchange_offsets(), d.SWAP_OFFSETS)\n"
+        "_, found = o.offsets(d._dsmem_kernel_1cta, d.SWAP_SIG, {'ASM': d.remote_store_asm(*d.SWAP_OFFSETS), "
+        "'N': d.N}, {'num_warps': 4})\n"
         "print('offsets1', sorted((n, off) for n, off, _ in found))\n")
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     out = dict(line.split(" ", 1) for line in run.stdout.splitlines() if line.split(" ", 1)[0] in
-               ("shared", "bulk", "st.async", "offsets", "offsets1"))
+               ("shared", "bulk", "st.async", "offsets", "offsets1", "used"))
     assert out["shared"] == "[520, 520, 131080]"
     assert out["bulk"] == "8"  # send_asm(8, ...): one copy per CTA of the cluster (the own one predicated off)
     assert out["st.async"] == "True"
-    assert out["offsets"] == "[('bar', 131072), ('recv', 65536), ('stage', 0)]"  # exchange()'s offsets
-    assert out["offsets1"] == "[('bar', 512), ('buf', 0)]"  # run()'s remote_store_asm(0, 512)
+    assert out["offsets"] == "[('bar', 131072), ('recv', 65536), ('stage', 0)]"  # the allocator's
+    assert out["offsets1"] == "[('bar', 512), ('buf', 0)]"
+    assert out["used"] == "(0, 65536, 131072) (0, 512)"  # what the probe's PTX uses: the same
