@@ -8,7 +8,7 @@ alternating, each in a fresh process of at most 150 s. A variant is ``base`` (no
 ``KEY=VALUE`` pairs joined by commas (ints where they parse); ``PTX_L2_PREFETCH=128`` or ``256``
 is no launch setting but a PTX rewrite giving the kernels' ``cp.async`` copies that L2 prefetch
 size. ``--kv-fp8``: 656-byte FP8 tokens. A process first checks launches at topk 2077 where the
-kernel runs (:data:`CHECKS`: by default 128 heads x 257 rows in one split and x 24 rows in
+kernel runs (:func:`checks_for`: by default 128 heads x 257 rows in one split and x 24 rows in
 several; indices out of range included, outputs NaN-poisoned) against the float64 reference (of
 the dequantised cache with FP8) and exits 1 if one is off or runs another kernel than the
 variant's ``kernel`` (default ``--kernel``); then it prints one JSON line per shape, refusing
@@ -32,6 +32,16 @@ CHECKS = {"wgmma_tn": ((257, 16, 2077), (24, 16, 2077), (257, 32, 2077), (64, 32
 DEFAULT_CHECKS = ((257, 128, 2077), (24, 128, 2077))
 SHAPES = ["128x64x2048", "128x512x2048", "128x64x8192", "64x64x2048", "64x512x2048", "64x128x2048",
           "128x8x2048", "32x8x2048"]
+
+
+def checks_for(kernel: str, kv_fp8: bool = False) -> tuple[tuple[int, int, int], ...]:
+    """The checks' (rows, heads, topk) for ``kernel``: :data:`CHECKS`' where it has some, else
+    :data:`DEFAULT_CHECKS`; FP8 tokens run wgmma_ws at 128 heads too, so its FP8 checks begin with
+    those (many programs without splits, and with)."""
+    checks = CHECKS.get(kernel, DEFAULT_CHECKS)
+    if kv_fp8 and kernel == "wgmma_ws":
+        return DEFAULT_CHECKS + checks
+    return checks
 
 
 def parse_variant(text: str) -> dict[str, int | str]:
@@ -117,7 +127,7 @@ def run_variant(kernel: str, variant: str, shapes: list[str], kv_fp8: bool = Fal
     kernel = settings.get("kernel", kernel)  # a variant may pick the kernel itself
     with current_platform().launch_table.override("flashmla", **settings):
         clear_launch_plans()
-        for rows, heads, topk in CHECKS.get(kernel, DEFAULT_CHECKS):
+        for rows, heads, topk in checks_for(kernel, kv_fp8):
             if not check(kernel, variant, rows, heads, topk, kv_fp8):
                 return 1
         for shape in shapes:

@@ -74,6 +74,12 @@ def test_flashmla_ab_checks_run_the_kernel_under_test():
                 cfg = configs.kernel_config("flashmla", rows=rows, heads=heads, topk=topk, kv_fp8=kv_fp8)
                 assert cfg.get("kernel") == kernel, (kernel, rows, heads, topk, kv_fp8, cfg.get("kernel"))
     assert {h for _, h, _ in ab.CHECKS["wgmma_tn"]} == {16, 32}  # both of its head blocks
+    # FP8 A/Bs of wgmma_ws (which FP8 runs at 128 heads) check 128 heads at many rows too
+    fp8_ws = ab.checks_for("wgmma_ws", kv_fp8=True)
+    assert fp8_ws[:len(ab.DEFAULT_CHECKS)] == ab.DEFAULT_CHECKS and ab.checks_for("wgmma_ws") == ab.CHECKS["wgmma_ws"]
+    for rows, heads, topk in fp8_ws:
+        cfg = configs.kernel_config("flashmla", rows=rows, heads=heads, topk=topk, kv_fp8=True)
+        assert cfg.get("kernel") == "wgmma_ws", (rows, heads, topk, cfg.get("kernel"))
 
 
 def test_probe_report_converts_clock64_at_the_measured_clock(capsys):
