@@ -396,6 +396,41 @@ def test_sm90_wgmma_splits_fill_whole_waves(monkeypatch, rows, heads, topk, want
     assert got == want, f"[flashmla wgmma rows={rows} heads={heads} topk={topk}] {got} splits, want {want}"
 
 
+@pytest.mark.parametrize("rows,heads,topk,kv_fp8,override,cluster", [
+    (64, 64, 2048, False, {}, 2),  # two splits: a cluster of two merges them, no combine launch
+    (24, 100, 2077, False, {}, 2),  # a masked head block too
+    (64, 64, 2048, False, {"cluster_merge": 0}, 0),  # the setting off: partials and the combine
+    (8, 128, 2048, False, {}, 0),  # 8 splits: the combine
+    (512, 128, 2048, False, {}, 0),  # one split: direct
+    (64, 64, 2048, True, {}, 0),  # FP8 tokens run wgmma_ws, which has no cluster merge
+])
+def test_sm90_two_splits_merge_in_a_cluster(monkeypatch, rows, heads, topk, kv_fp8, override, cluster):
+    """Where wgmma_rr's launch takes two splits, the plan runs them as thread-block clusters of
+    two (``CLUSTER=2``: consecutive programs, ``Launch.cluster``) that merge in the kernel, with
+    no combine launch; everywhere else the plan is unchanged."""
+    from graphattn.kernels.flashmla import plan_flashmla
+    from graphattn.kernels.launch import clear_launch_plans
+
+    cuda_configs = _use_sm90_settings(monkeypatch)
+    if not cuda_configs.gluon_available():
+        pytest.skip("this triton has no Gluon Hopper dialect")
+    for key, value in override.items():
+        monkeypatch.setitem(cuda_configs._WGMMA_RR_TILE, key, value)
+    clear_launch_plans()
+    try:
+        plan = plan_flashmla(rows, heads, topk, 32, kv_fp8=kv_fp8)
+    finally:
+        clear_launch_plans()
+    where = f"[flashmla {heads}x{rows}x{topk} fp8={kv_fp8} {override}] {plan.main!r}"
+    assert plan.main.kwargs.get("CLUSTER", 0) == cluster and plan.main.cluster == max(cluster, 1), where
+    assert plan.main.grid == (rows * plan.splits * plan.head_blocks,), where
+    if cluster:
+        assert plan.kernel == "wgmma_rr" and plan.splits == 2 and plan.combine is None, where
+        assert not plan.main.kwargs["DIRECT"] and plan.main.grid[0] % cluster == 0, where
+    else:
+        assert (plan.combine is None) == (plan.splits == 1), where
+
+
 @pytest.mark.parametrize("heads,rows,want", [
     (16, 4, 16), (1, 4, 16), (16, 512, 16), (17, 64, 32), (32, 1000, 32),  # heads on N
     (16, 3, None), (16, 1, None), (32, 63, None), (33, 512, None), (64, 8, None),  # not there

@@ -71,7 +71,10 @@ _WGMMA_FP8_TILE = {**_WGMMA_TILE, "KV_FP8": 1}
 # 128 x 2 16.2 -> 14.1, 128 x 1 x 8192 17.9 -> 17.2. Its splits are whole rounds, so where a
 # launch would have fewer than WGMMA_RR_MIN_PROGRAMS programs wgmma_ws's one-tile splits are
 # faster (twice the programs): 128 x 1 11.9 vs 12.7, 64 x 2 12.2 vs 13.1 (32 rr programs each).
-_WGMMA_RR_TILE = {**_WGMMA_TILE, "kernel": "wgmma_rr", "BLOCK_N": 128}
+# Where a launch takes two splits (64 heads x ~44-66 rows, 128 heads x ~22-33), they run as a
+# thread-block cluster and merge in the kernel (cluster_merge: graphattn.kernels.wgmma_rr's
+# CLUSTER=2), with no f32 partial of the other half and no combine launch.
+_WGMMA_RR_TILE = {**_WGMMA_TILE, "kernel": "wgmma_rr", "BLOCK_N": 128, "cluster_merge": 1}
 WGMMA_RR_MIN_PROGRAMS = 48  # 48 (64 x 3) measured faster with rr, 32 slower; between, untested
 # At most TN_MAX_HEADS heads flashmla runs the tokens-major Gluon kernel instead
 # (graphattn.kernels.wgmma_tn: tokens on the wgmma's M side, 16 or 32 heads on N, so few heads

@@ -72,7 +72,7 @@ def _configs(path: str, target: str, kv_fp8: bool = False) -> list[dict[str, Any
 # Constexprs a launch passes or leaves at their defaults (a parameter missing here and from
 # the config would be compiled as a runtime argument).
 _FIXED = {"D_NOPE": 512, "D_ROPE": 64, "DOT_F32": False, "DIRECT": False, "BLOCK_S": 32, "KV_FP8": 0,
-          "PDL": 0, "LAUNCH_DEPENDENTS": 0, **LOOP_DEFAULTS}
+          "PDL": 0, "LAUNCH_DEPENDENTS": 0, "CLUSTER": 0, **LOOP_DEFAULTS}
 
 
 def fp8_code(target: str) -> int:
@@ -117,6 +117,8 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
                         variants.append(("bf16", {"DIRECT": True}))
                     if "LAUNCH_DEPENDENTS" in names and _combine_pdl(target):
                         variants.append(("bf16", {**kv, "LAUNCH_DEPENDENTS": 1}))
+                    if "CLUSTER" in names and cfg.get("cluster_merge") and not kv:
+                        variants.append(("bf16", {"CLUSTER": 2}))  # two splits merged by a cluster
                 for dtype, extra in variants:
                     job = (kernel, target, {**meta, **extra}, opts, dtype)
                     key = json.dumps(job, sort_keys=True)

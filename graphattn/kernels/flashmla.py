@@ -6,7 +6,9 @@ normalised partial (out f32, natural-log lse) into the caller's workspace. Launc
 (``_flashmla_combine_kernel``) merges the partials; where the launch table says so (sm_90, few
 rows) it is a programmatic dependent launch that starts while the split programs finish and
 waits for their stores inside the kernel. With a single split the first launch writes
-``out``/``lse`` directly and the combine is skipped.
+``out``/``lse`` directly and the combine is skipped; so it is where the launch setting says
+``cluster_merge`` and a Gluon kernel of :data:`CLUSTER_MERGE_KERNELS` runs two splits: they
+run as a thread-block cluster of two and merge inside the first launch.
 
 q is read as it comes, ``[rows, H, 576]`` with any ``H >= 1``: the last head block of a row
 masks heads ``>= H`` (q loaded as zeros, nothing stored), so no caller pads q or narrows the
@@ -94,6 +96,11 @@ GLUON_KERNELS = {
 }
 
 
+# Gluon kernels whose two splits of a (row, head block) can run as a thread-block cluster and
+# merge in the kernel (``CLUSTER=2``), where the launch setting says ``cluster_merge``.
+CLUSTER_MERGE_KERNELS = ("wgmma_rr",)
+
+
 def _split_kernel(q, kv, topk):
     """``(kernel, cfg)`` of the first launch (see :func:`_select`)."""
     return _select(q.shape[0], q.shape[1], topk, aligned_16(q, kv), is_fp8_kv(kv))[:2]
@@ -149,8 +156,10 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
         meta["DOT_F32"] = platform.uses_triton_interpreter
         meta["KV_FP8"] = kv_fp8_constexpr(platform, kv_fp8)
     head_blocks = cdiv(heads, meta["BLOCK_H"])
+    if splits == 2 and cfg.get("cluster_merge") and name in CLUSTER_MERGE_KERNELS:
+        meta["CLUSTER"] = 2  # the two splits merge in the kernel, as a cluster: no combine launch
     combine = None
-    if splits > 1:
+    if splits > 1 and not meta.get("CLUSTER"):
         cmeta, copts = launch_parts(path_config(PATH + "_combine", rows, heads, topk, platform))
         combine = make_launch(_flashmla_combine_kernel, (rows * heads,),
                               BLOCK_S=max(2, triton.next_power_of_2(splits)), D_NOPE=D_V, **cmeta, **copts)

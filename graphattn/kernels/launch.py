@@ -150,7 +150,26 @@ class Launch:
         name = getattr(self.fn, "__name__", None) or getattr(self.fn, "_fn_name", repr(self.fn))
         return f"Launch({name}, grid={self.grid}, {dict(self.kwargs)})"
 
+    @property
+    def cluster(self) -> int:
+        """CTAs per thread-block cluster: the ``CLUSTER`` constexpr (flashmla's ``wgmma_rr``
+        merging two splits), else 1. ``grid[0]`` counts CTAs and is a multiple of it."""
+        return self.kwargs.get("CLUSTER") or 1
+
     def __call__(self, *args: Any) -> Any:
+        cluster = self.cluster
+        if cluster > 1:
+            # The kernel is one-CTA code (compiled with num_ctas=1: its program id is the CTA's);
+            # Triton 3.6's launcher takes the cluster shape from the compiled kernel's num_ctas
+            # and multiplies the grid by it, so the launch asks for grid[0] / cluster clusters.
+            kernel = self.fn.warmup(*args, grid=self.grid, **self.kwargs)
+            packed = getattr(kernel, "packed_metadata", None)
+            if not (isinstance(packed, tuple) and len(packed) == 3):
+                raise RuntimeError(f"{self!r}: this Triton's launcher cannot launch thread-block clusters "
+                                   f"(packed metadata {packed!r}); use a launch setting without CLUSTER")
+            if packed[1] != cluster:
+                kernel.packed_metadata = (packed[0], cluster, packed[2])
+            return self.fn[(self.grid[0] // cluster,) + self.grid[1:]](*args, **self.kwargs)
         return self.fn[self.grid](*args, **self.kwargs)
 
     def specialised(self, *args: Any) -> Callable[..., None]:
@@ -174,6 +193,7 @@ class Launch:
             self._tail = tuple(self.kwargs.get(p.name, p.default) for p in params)
         launcher, packed, tail = kernel.run, kernel.packed_metadata, self._tail
         g0, g1, g2 = self._grid3
+        g0 //= self.cluster  # clusters: the launcher multiplies the grid by the cluster size
         device = _Triton.device()
         stream = _Triton.stream
         raw = _Triton.raw_launcher(launcher)

@@ -36,14 +36,42 @@ def _launch_dependents():
 
 
 @gluon.jit
-def _program_split(H, topk, split_len, num_splits, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr):
+def _cluster_arrive(RELEASE: gl.constexpr):
+    """``barrier.cluster.arrive`` in every thread (``RELEASE``: this thread's earlier stores are
+    visible to the threads of the cluster that pass the matching :func:`_cluster_wait`)."""
+    if RELEASE:
+        gl.inline_asm_elementwise("barrier.cluster.arrive.release.aligned; mov.u32 $0, 0;", "=r", [],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+    else:
+        gl.inline_asm_elementwise("barrier.cluster.arrive.relaxed.aligned; mov.u32 $0, 0;", "=r", [],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _cluster_wait():
+    """``barrier.cluster.wait.acquire``: until every thread of the cluster that has not exited
+    has arrived (:func:`_cluster_arrive`), whose released stores this thread then sees."""
+    gl.inline_asm_elementwise("barrier.cluster.wait.acquire.aligned; mov.u32 $0, 0;", "=r", [],
+                              dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _program_split(H, topk, split_len, num_splits, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+                   CLUSTER: gl.constexpr = 0):
     """This program's place in the grid ``rows x splits x cdiv(H, BLOCK_H)``: ``(head block,
-    split, row, first index, end index, KV tiles)`` of its slice of the row's top-k."""
+    split, row, first index, end index, KV tiles)`` of its slice of the row's top-k. With
+    ``CLUSTER`` (= ``num_splits``) the splits of a (row, head block) are consecutive programs,
+    so that they form one thread-block cluster."""
     pid = gl.program_id(0)
     head_blocks = gl.cdiv(H, BLOCK_H)
-    hb = pid % head_blocks
-    split = (pid // head_blocks) % num_splits
-    row = pid // (head_blocks * num_splits)
+    if CLUSTER:
+        split = pid % CLUSTER
+        hb = (pid // CLUSTER) % head_blocks
+        row = pid // (CLUSTER * head_blocks)
+    else:
+        hb = pid % head_blocks
+        split = (pid // head_blocks) % num_splits
+        row = pid // (head_blocks * num_splits)
     start = split * split_len
     end = gl.minimum(start + split_len, topk)
     return hb, split, row, start, end, gl.cdiv(end - start, BLOCK_N)

@@ -41,7 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .wgmma import _async_load, _cta_barrier, _launch_dependents, _load_indices, _program_split
+from .wgmma import _async_load, _cluster_arrive, _cta_barrier, _launch_dependents, _load_indices, _program_split
 from .wgmma_ws import CONSUMER_REGS, GATHER_R, _finish, _load_q_first
 
 
@@ -77,9 +77,10 @@ def _producer_rr(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out
                  H, pool, qk_scale, row, hb, split, start, end, n_rounds,
                  stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
                  BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-                 DIRECT: gl.constexpr):
+                 DIRECT: gl.constexpr, CLUSTER: gl.constexpr = 0):
     """Default partition: per round, the four halves in the order the consumers free them
-    (``ready``/``free`` index: slot * 2 + half, 0 = L, 1 = R)."""
+    (``ready``/``free`` index: slot * 2 + half, 0 = L, 1 = R); with ``CLUSTER``, then its
+    arrival on the cluster barrier the consumers' merge waits at (see ``_finish``)."""
     q_nope, q_rope, k_nope, k_rope, p1, stat_m, stat_l = smem
     q_ready, ready, free, m0_ready, m1_ready, s0_ready, s1_ready, l_ready = bars
     TILE: gl.constexpr = BLOCK_N // 2
@@ -97,6 +98,8 @@ def _producer_rr(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out
                      1, D_NOPE, D_ROPE)
         _gather_half(kv_ptr, rows1, valid1, k_nope.index(1), k_rope.index(1), ready.index(2), free.index(2), ph,
                      0, D_NOPE, D_ROPE)
+    if CLUSTER:
+        _cluster_arrive(0)
 
 
 @gluon.jit
@@ -134,7 +137,7 @@ def _consumer_rr(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out
                  H, pool, qk_scale, row, hb, split, start, end, n_rounds,
                  stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
                  BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-                 DIRECT: gl.constexpr, WG: gl.constexpr):
+                 DIRECT: gl.constexpr, WG: gl.constexpr, CLUSTER: gl.constexpr = 0):
     """Consumer ``WG``: tile ``k{WG}`` of every round and output columns ``[WG * 256, WG * 256 + 256)``."""
     q_nope, q_rope, k_nope, k_rope, p1, stat_m, stat_l = smem
     q_ready, ready, free, m0_ready, m1_ready, s0_ready, s1_ready, l_ready = bars
@@ -224,7 +227,8 @@ def _consumer_rr(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out
 
     # Both hold their outputs and sums at the last round's max: add the sums, store.
     _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr, row, hb, split, H,
-            stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, row_s, o_layout, BLOCK_H, D_NOPE, DIRECT, WG)
+            stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, row_s, o_layout, BLOCK_H, D_NOPE, DIRECT, WG,
+            CLUSTER, stat_m)
 
 
 @gluon.jit
@@ -235,22 +239,29 @@ def _flashmla_rr_kernel(
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     STAGES: gl.constexpr, DIRECT: gl.constexpr, KV_FP8: gl.constexpr = 0, LAUNCH_DEPENDENTS: gl.constexpr = 0,
+    CLUSTER: gl.constexpr = 0,
 ):
     """Arguments, grid and outputs as ``_flashmla_split_kernel`` with ``BLOCK_N = 128`` (a round
     of two 64-token tiles, so splits hold whole rounds); launch with ``num_warps=4`` and
-    ``maxnreg=168``. bf16/fp16 kv only (``KV_FP8=0``)."""
+    ``maxnreg=168``. bf16/fp16 kv only (``KV_FP8=0``).
+
+    ``CLUSTER=2`` (two splits): the splits of a (row, head block) are consecutive programs,
+    launched as a thread-block cluster of two (``graphattn.kernels.launch.Launch``), and merge
+    their partials in the kernel (``_finish``): ``out``/``lse`` are final, no combine follows.
+    The workspace still carries half of each partial from one CTA to the other."""
     gl.static_assert(BLOCK_H == 64, "one wgmma M tile of heads per program")
     gl.static_assert(BLOCK_N == 128, "a round: two 64-token tiles")
     gl.static_assert(D_ROPE == BLOCK_N // 2, "P0 [64 heads, 64 tokens] reuses k0's [64, 64] rope columns")
     gl.static_assert(STAGES == 2, "two slots: the round's two tiles")
     gl.static_assert(KV_FP8 == 0, "656-byte FP8 tokens run wgmma_ws")
     gl.static_assert(gl.num_warps() == 4, "the default partition is one warpgroup")
+    gl.static_assert(CLUSTER == 0 or (CLUSTER == 2 and DIRECT == 0), "clusters merge two splits")
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     TILE: gl.constexpr = BLOCK_N // 2
 
     if LAUNCH_DEPENDENTS:
         _launch_dependents()
-    hb, split, row, start, end, n_rounds = _program_split(H, topk, split_len, num_splits, BLOCK_H, BLOCK_N)
+    hb, split, row, start, end, n_rounds = _program_split(H, topk, split_len, num_splits, BLOCK_H, BLOCK_N, CLUSTER)
 
     smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     stat_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
@@ -286,13 +297,13 @@ def _flashmla_rr_kernel(
         (_producer_rr, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                         H, pool, qk_scale, row, hb, split, start, end, n_rounds,
                         stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                        stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT)),
+                        stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, CLUSTER)),
         (_consumer_rr, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                         H, pool, qk_scale, row, hb, split, start, end, n_rounds,
                         stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                        stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 0)),
+                        stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 0, CLUSTER)),
         (_consumer_rr, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                         H, pool, qk_scale, row, hb, split, start, end, n_rounds,
                         stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                        stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 1)),
+                        stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 1, CLUSTER)),
     ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])

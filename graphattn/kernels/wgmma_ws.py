@@ -57,7 +57,17 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..common.kv_layout import ROPE_OFFSET, SCALE_OFFSET, TILE
-from .wgmma import _async_load, _cta_barrier, _gather_tile, _launch_dependents, _load_indices, _load_q, _program_split
+from .wgmma import (
+    _async_load,
+    _cluster_arrive,
+    _cluster_wait,
+    _cta_barrier,
+    _gather_tile,
+    _launch_dependents,
+    _load_indices,
+    _load_q,
+    _program_split,
+)
 
 # Registers per thread of each consumer (setmaxnreg). The launch caps every thread at 168
 # (``maxnreg`` in graphattn.cuda.configs: 12 warps x 32 x 168 <= 65536); the default partition
@@ -392,10 +402,18 @@ def _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
 @gluon.jit
 def _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr, row, hb, split, H,
             stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, row_s: gl.constexpr, o_layout: gl.constexpr,
-            BLOCK_H: gl.constexpr, D_NOPE: gl.constexpr, DIRECT: gl.constexpr, WG: gl.constexpr):
+            BLOCK_H: gl.constexpr, D_NOPE: gl.constexpr, DIRECT: gl.constexpr, WG: gl.constexpr,
+            CLUSTER: gl.constexpr = 0, stat_w=None):
     """Consumer ``WG``'s end: add the other consumer's row sum ``l`` (both at the row max ``m``),
     then store its half of the normalised output (``acc`` ``[BLOCK_H, 256]``, columns ``WG *
-    256``) and, consumer 0, the lse: the final ``out``/``lse`` (``DIRECT``) or a split's partial."""
+    256``) and, consumer 0, the lse: the final ``out``/``lse`` (``DIRECT``) or a split's partial.
+
+    ``CLUSTER=2``: the two splits of this (row, head block) are a thread-block cluster and
+    merge here, with no combine launch. Split ``s`` finishes columns ``[256 s, 256 s + 256)``,
+    consumer ``s``'s: the other consumer stores its half of the partial and the lse and arrives
+    on the cluster barrier (release); consumer ``s`` waits there (acquire), loads the peer's
+    half of that column range and its lse from L2, and stores the merged output (``stat_w``:
+    ``[BLOCK_H]`` f32 shared memory free by now, for the merge's row weights)."""
     HALF: gl.constexpr = D_NOPE // 2
     OTHER: gl.constexpr = 1 - WG
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -411,7 +429,21 @@ def _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws
     h_s = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_s)
     # Both consumers are past their last scores (the sums' exchange above), so q's shared
     # memory is free: the final output goes through it, out to memory a whole row per warp.
-    if DIRECT:
+    if CLUSTER:
+        gl.static_assert(CLUSTER == 2, "a cluster of the two splits: one half of the columns each")
+        if split != WG:  # my half is the peer's to finish: hand it over through L2
+            h_o = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_o)
+            d_o = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
+            w_base = ws_out_ptr + row.to(gl.int64) * stride_wr + split * stride_ws
+            gl.store(w_base + h_o[:, None] * stride_wh + d_o[None, :], out, mask=(h_o < H)[:, None])
+            l_base = ws_lse_ptr + row.to(gl.int64) * stride_lr + split * stride_ls
+            gl.store(l_base + h_s, lse, mask=h_s < H)
+            _cluster_arrive(1)  # release: the peer's consumer loads both after its wait
+        else:
+            _cluster_arrive(0)
+            _merge_pair(out, lse, q_nope, stat_w, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr, row, hb, split, H,
+                        stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, row_s, BLOCK_H, D_NOPE, WG)
+    elif DIRECT:
         _store_rows(q_nope.index(0).slice(WG * HALF, HALF, dim=1), out.to(out_ptr.dtype.element_ty),
                     out_ptr + row.to(gl.int64) * H * D_NOPE + WG * HALF, D_NOPE, hb * BLOCK_H, H, BLOCK_H, HALF)
         if WG == 0:
@@ -424,6 +456,59 @@ def _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws
         gl.store(w_base + h_o[:, None] * stride_wh + d_o[None, :], out, mask=(h_o < H)[:, None])
         if WG == 0:
             gl.store(ws_lse_ptr + row.to(gl.int64) * stride_lr + split * stride_ls + h_s, lse, mask=h_s < H)
+
+
+@gluon.jit
+def _merge_pair(out, lse, q_nope, stat_w, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr, row, hb, split, H,
+                stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, row_s: gl.constexpr,
+                BLOCK_H: gl.constexpr, D_NOPE: gl.constexpr, WG: gl.constexpr):
+    """Consumer ``WG`` of split ``WG`` in a cluster of two (see ``_finish``): once the peer's
+    half of columns ``[256 WG, 256 WG + 256)`` and its lse are in the workspace (the cluster
+    barrier), store ``out``/``lse`` merged from them and this split's ``out`` (``[BLOCK_H,
+    256]`` f32, normalised) and ``lse``. This split's half, weighted, is staged as f32 in q's
+    shared memory (64 KB; both consumers are past their last scores), and the peer's is loaded
+    from L2 16 rows at a time and added to it: both halves in registers at once would spill.
+    Nothing of the peer's, its lse included, is read before the cluster barrier's wait."""
+    HALF: gl.constexpr = D_NOPE // 2
+    o_layout: gl.constexpr = out.type.layout
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    peer = 1 - split
+    h_s = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_s)
+    _cluster_wait()  # the peer's half and lse are in the workspace
+    lse_p = gl.load(ws_lse_ptr + row.to(gl.int64) * stride_lr + peer * stride_ls + h_s, mask=h_s < H,
+                    other=float("-inf"), cache_modifier=".cg")
+    top = gl.maximum(lse, lse_p)
+    top = gl.where(top == float("-inf"), 0.0, top)
+    w_me = gl.exp(lse - top)  # 0 for a split that saw no valid token
+    w_p = gl.exp(lse_p - top)
+    den = w_me + w_p
+    inv = 1.0 / gl.where(den == 0.0, 1.0, den)
+    flat: gl.constexpr = gl.SwizzledSharedLayout(vec=2, per_phase=1, max_phase=8, order=[1, 0])
+    if _NEW_REINTERPRET:
+        stage = q_nope.index(0).reinterpret(gl.float32, [BLOCK_H, HALF], flat)
+    else:
+        stage = q_nope.index(0)._reinterpret(gl.float32, [BLOCK_H, HALF], flat)
+    stage.store(out * gl.convert_layout(w_me * inv, row_o)[:, None])
+    # stat_w (wgmma_rr's row max) is free: both consumers are past their loops (the sums' exchange).
+    stat_w.store(w_p * inv)
+    _cta_barrier()
+    if split == 0:
+        lse_f = gl.where(den == 0.0, float("-inf"), top + gl.log(gl.where(den == 0.0, 1.0, den)))
+        gl.store(lse_ptr + row.to(gl.int64) * H + h_s, lse_f, mask=h_s < H)
+    layout: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 8], threads_per_warp=[1, 32], warps_per_cta=[4, 1], order=[1, 0])
+    CHUNK: gl.constexpr = 16
+    d = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
+    p_base = ws_out_ptr + row.to(gl.int64) * stride_wr + peer * stride_ws
+    o_base = out_ptr + row.to(gl.int64) * H * D_NOPE
+    for r in gl.static_range(0, BLOCK_H, CHUNK):
+        h = hb * BLOCK_H + r + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, layout))
+        o_p = gl.load(p_base + h[:, None] * stride_wh + d[None, :], mask=(h < H)[:, None], other=0.0,
+                      cache_modifier=".cg")
+        w = stat_w.slice(r, CHUNK).load(gl.SliceLayout(1, layout))
+        merged = stage.slice(r, CHUNK, dim=0).load(layout) + o_p * w[:, None]
+        gl.store(o_base + h.to(gl.int64)[:, None] * D_NOPE + d[None, :], merged.to(out_ptr.dtype.element_ty),
+                 mask=(h < H)[:, None])
 
 
 @gluon.jit

@@ -295,13 +295,18 @@ def poisoned_empty() -> Iterator[None]:
 
 
 def kernel_label(case: FuzzCase, q: torch.Tensor, kv: torch.Tensor) -> str:
-    """Which kernel a flashmla case runs (``wgmma``, ``triton_kv_major``, ``triton``); the
-    backend name for the others."""
+    """Which kernel a flashmla case runs (a Gluon kernel's key such as ``wgmma_rr``, with
+    ``+cluster`` where its two splits merge in a thread-block cluster, ``triton_kv_major``,
+    ``triton``); the backend name for the others."""
     if case.backend != "flashmla":
         return case.backend
-    from ..kernels.flashmla import kernel_name
+    from ..common.kv_layout import is_fp8_kv
+    from ..kernels.flashmla import kernel_name, plan_flashmla
+    from ..kernels.launch import aligned_16
 
-    return kernel_name(q, kv, case.topk)
+    name = kernel_name(q, kv, case.topk)
+    plan = plan_flashmla(q.shape[0], q.shape[1], case.topk, 64, aligned_16(q, kv), is_fp8_kv(kv))
+    return name + ("+cluster" if plan.main.cluster > 1 else "")
 
 
 def run_case(case: FuzzCase, device: torch.device | None = None, sm_scale: float = D_QK**-0.5) -> CaseResult:
