@@ -7,7 +7,9 @@ Measured 2026-11-30 on one H200, torch 2.11, triton 3.6, at commit e9e67c2 (flas
 tokens-major kernel at <= 32 heads); the flashmla numbers again at a925a51 (the warp-specialised
 kernel's one-split output stored through shared memory; 19ed657, q loaded by its consumer, measured
 1-3% faster in an A/B at 1-64 rows and not re-tabled), and the whole flashmla column again on
-2026-12-01 at 6f924a3 (``wgmma_rr`` for bf16 at 64+ heads and 32 x 8). FP8 (656-byte tokens):
+2026-12-01 at 6f924a3 (``wgmma_rr`` for bf16 at 64+ heads and 32 x 8), and at 64 x 64 (topk 2048
+and 8192) on 2026-12-01 (session 2) in the A/B of the cluster merge (4182420: two splits merged in
+the kernel). FP8 (656-byte tokens):
 the same table with ``--kv-dtype fp8`` (docs/benchmarks.md, "FP8 kernel table"), its flashmla
 column again on 2026-12-01 at 7c902cc (each tile dequantised by both consumers).
 """
@@ -25,14 +27,14 @@ H200_US: dict[tuple[int, int, int], dict[str, float]] = {
     (32, 512, 2048): {"flashmla": 318.2, "trtllm": 434.7, "mega": 434.1},
     (64, 1, 2048): {"flashmla": 10.0, "trtllm": 37.7, "mega": 145.1},
     (64, 8, 2048): {"flashmla": 19.6, "trtllm": 40.2, "mega": 146.1},
-    (64, 64, 2048): {"flashmla": 56.6, "trtllm": 120.8, "mega": 149.8},
+    (64, 64, 2048): {"flashmla": 51.4, "trtllm": 120.8, "mega": 149.8},
     (64, 512, 2048): {"flashmla": 319.7, "trtllm": 855.1, "mega": 855.1},
     (128, 1, 2048): {"flashmla": 12.0, "trtllm": 39.0, "mega": 145.0},
     (128, 8, 2048): {"flashmla": 22.4, "trtllm": 63.5, "mega": 145.7},
     (128, 64, 2048): {"flashmla": 71.1, "trtllm": 217.5, "mega": 216.8},
     (128, 512, 2048): {"flashmla": 540.3, "trtllm": 1736.9, "mega": 1726.0},
     (16, 64, 8192): {"flashmla": 148.1, "trtllm": 209.0, "mega": 464.8},
-    (64, 64, 8192): {"flashmla": 164.2, "trtllm": 429.2, "mega": 575.1},
+    (64, 64, 8192): {"flashmla": 159.2, "trtllm": 429.2, "mega": 575.1},
     (128, 64, 8192): {"flashmla": 255.7, "trtllm": 837.0, "mega": 834.6},
     (16, 8, 32768): {"flashmla": 80.3, "trtllm": 232.5, "mega": 1820.0},
     (64, 8, 32768): {"flashmla": 90.7, "trtllm": 300.2, "mega": 2253.7},

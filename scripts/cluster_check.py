@@ -1,0 +1,103 @@
+"""GPU check of flashmla's cluster merge (``wgmma_rr`` with ``CLUSTER=2``: two splits of a (row,
+head block) run as a thread-block cluster and merge in the kernel) against the float64 reference.
+
+``PYTHONPATH=. python scripts/cluster_check.py [mem]`` on an sm_90 GPU. Every case runs its launch
+three times, each from a NaN-poisoned workspace and NaN-poisoned outputs, and must give the same
+bits each time (a merge that read the peer's half before it was written would show NaN or differ)
+within the tolerance of the float64 reference; the inputs have indices -1 and past the pool, and
+cases add NaN in every unselected token, an all-invalid row, an empty second split, fp16 q and kv,
+masked heads (70, 100) and many waves of clusters (two splits forced at 200-257 rows). Prints one
+JSON line per case, then ``ALL OK`` (exit 0) or ``FAILED n``. ``mem``: two small cluster cases,
+for ``compute-sanitizer --tool memcheck``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import torch
+
+from graphattn.common.platform import current_platform
+from graphattn.common.reference import sparse_mla_reference
+from graphattn.common.tolerances import tolerance
+from graphattn.kernels import sparse_mla_flashmla
+from graphattn.kernels.flashmla import bind_flashmla, plan_flashmla
+from graphattn.kernels.launch import clear_launch_plans
+
+POOL = 300_000
+CASES = [
+    dict(rows=64, heads=64, topk=2048),
+    dict(rows=24, heads=100, topk=2077, dtype=torch.float16),
+    dict(rows=33, heads=128, topk=2077, special="nan emptyrow"),
+    dict(rows=64, heads=64, topk=2048, special="emptysplit emptyrow nan"),
+    dict(rows=56, heads=64, topk=8192),
+    dict(rows=24, heads=70, topk=2048, dtype=torch.float16, special="nan"),
+    dict(rows=257, heads=64, topk=2048, max_splits=2, target_programs=10**6),
+    dict(rows=200, heads=128, topk=2077, special="emptyrow", max_splits=2, target_programs=10**6),
+    dict(rows=64, heads=64, topk=2048, cluster_merge=0),  # the same shape through the combine
+]
+MEM_CASES = [dict(rows=24, heads=100, topk=2077, special="emptyrow"),
+             dict(rows=80, heads=64, topk=1024, max_splits=2, target_programs=10**6)]
+
+
+def case(rows: int, heads: int, topk: int, dtype: torch.dtype = torch.bfloat16, special: str = "",
+         **override) -> bool:
+    """One case (``override``: flashmla launch settings); True if it passed and merged in a cluster
+    (or, with ``cluster_merge=0``, did not)."""
+    torch.manual_seed(rows * 1000 + heads + topk)
+    scale = 1 / math.sqrt(576)
+    with current_platform().launch_table.override("flashmla", **override):
+        clear_launch_plans()
+        q = torch.randn(rows, heads, 576, device="cuda").to(dtype)
+        kv = torch.randn(POOL, 576, device="cuda").to(dtype)
+        idx = torch.randint(0, POOL, (rows, topk), device="cuda", dtype=torch.int32)
+        idx[:, ::7] = -1
+        idx[:, 3::11] = POOL + 5
+        if "emptyrow" in special:
+            idx[0] = -1
+        if "emptysplit" in special:  # the second split sees nothing valid in any row
+            idx[:, topk // 2 + 64:] = -1
+        if "nan" in special:  # NaN in every token no row selects
+            selected = torch.zeros(POOL, dtype=torch.bool, device="cuda")
+            selected[idx[(idx >= 0) & (idx < POOL)].long()] = True
+            kv[~selected] = float("nan")
+        splits = 2 if override.get("max_splits") else 8
+        ws_out = torch.empty(rows, splits, heads, 512, device="cuda")
+        ws_lse = torch.empty(rows, splits, heads, device="cuda")
+        plan = plan_flashmla(rows, heads, topk, splits)
+        sparse_mla_flashmla(q, kv, idx, scale, ws_out, ws_lse)  # compile
+        out = torch.empty(rows, heads, 512, device="cuda", dtype=dtype)
+        lse = torch.empty(rows, heads, device="cuda")
+        call = bind_flashmla(plan, idx, scale, ws_out, ws_lse)
+        runs = []
+        for _ in range(3):
+            for t in (ws_out, ws_lse, out, lse):
+                t.fill_(float("nan"))
+            call(q, kv, dst=(out, lse))
+            torch.cuda.synchronize()
+            runs.append((out.clone(), lse.clone()))
+        same = all(torch.equal(o, runs[0][0]) and torch.equal(s, runs[0][1]) for o, s in runs)
+        ref_out, ref_lse = sparse_mla_reference(q, kv, idx, scale)
+        tol = tolerance(dtype)
+        err = ((out.double() - ref_out).abs() / (tol.atol + tol.rtol * ref_out.abs())).max().item()
+        finite = torch.isfinite(ref_lse)
+        lse_err = ((lse.double() - ref_lse).abs()[finite]
+                   / (tol.lse_atol + tol.lse_rtol * ref_lse.abs()[finite])).max().item()
+        ok = (same and err <= 1 and lse_err <= 1 and bool(torch.equal(torch.isinf(lse), ~finite))
+              and not out.isnan().any().item())
+        cluster = plan.main.kwargs.get("CLUSTER", 0)
+        print(json.dumps({"case": f"{heads}x{rows}x{topk}", "dtype": str(dtype), "special": special,
+                          "override": override, "kernel": plan.kernel, "splits": plan.splits, "cluster": cluster,
+                          "combine": plan.combine is not None, "repeatable": same,
+                          "out_err_of_tol": round(err, 4), "lse_err_of_tol": round(lse_err, 4), "ok": ok}),
+              flush=True)
+        clear_launch_plans()
+    return ok and (cluster == 2) == (override.get("cluster_merge", 1) != 0)
+
+
+if __name__ == "__main__":
+    cases = MEM_CASES if sys.argv[1:] == ["mem"] else CASES
+    bad = sum(not case(**c) for c in cases)
+    print(f"FAILED {bad}" if bad else "ALL OK")
+    sys.exit(1 if bad else 0)
