@@ -138,3 +138,49 @@ def test_flashmla_reads_unpadded_q(heads, rows):
     q ``[rows, H, 576]`` unpadded, a view whose neighbouring heads are NaN, and write exact-size
     NaN-poisoned outputs: heads >= H are neither read nor stored."""
     check_unpadded_flashmla(rows, heads, 2048 + 29, pool=rows * 2048 + 4096, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("heads,rows,topk,dtype", [(64, 64, 2048, torch.bfloat16), (100, 24, 2077, torch.float16)])
+def test_flashmla_cluster_merge_replays_in_a_graph(heads, rows, topk, dtype):
+    """Where flashmla's launch takes two splits (sm_90: they merge in a thread-block cluster, no
+    combine launch) a captured call replays with fresh inputs exactly as an eager call runs,
+    from a NaN-poisoned workspace each time, and matches the float64 reference."""
+    from graphattn.common.metadata import GraphMetadata
+    from graphattn.kernels import sparse_mla_flashmla, split_plan
+    from graphattn.kernels.flashmla import plan_flashmla
+
+    md = GraphMetadata(rows, heads, topk, dtype, "cuda", **split_plan("flashmla", heads, topk).metadata_kwargs())
+    ws_out, ws_lse = md.workspace_for(rows)
+    plan = plan_flashmla(rows, heads, topk, ws_out.shape[1])
+    if torch.cuda.get_device_capability() == (9, 0) and plan.kernel == "wgmma_rr":
+        assert plan.main.cluster == 2 and plan.combine is None, f"[flashmla {heads}x{rows}] {plan.main!r}"
+    static = make_inputs(rows, heads, topk, pool=40_000, dtype=dtype, invalid_frac=0.1)
+
+    def step(q, kv, idx):
+        return sparse_mla_flashmla(q, kv, idx, SCALE, ws_out, ws_lse)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_out, g_lse = step(*static)
+    for trial in range(3):
+        fresh = make_inputs(rows, heads, topk, pool=40_000, dtype=dtype, invalid_frac=0.1)
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        ws_out.fill_(float("nan"))
+        ws_lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        r_out, r_lse = g_out.clone(), g_lse.clone()
+        ws_out.fill_(float("nan"))
+        ws_lse.fill_(float("nan"))
+        e_out, e_lse = step(*fresh)
+        torch.cuda.synchronize()
+        where = f"[flashmla {heads}x{rows}x{topk} {dtype} replay {trial}]"
+        torch.testing.assert_close(r_out, e_out, atol=0, rtol=0, msg=lambda m: f"{where} out: {m}")
+        torch.testing.assert_close(r_lse, e_lse, atol=0, rtol=0, msg=lambda m: f"{where} lse: {m}")
+    check_against_reference(f"flashmla {heads}x{rows} graph", *fresh, SCALE, r_out, r_lse)
