@@ -233,6 +233,44 @@ def test_keyed_launch_reuses_the_compiled_kernel_per_key(fake_triton):
     assert fn.log[-1][0] == "jit"
 
 
+class _FakeClusterJit(_FakeJit):
+    """A ``@gluon.jit`` stand-in with a ``CLUSTER`` constexpr and ``warmup`` (Triton's compile
+    without launching), whose compiled kernel has Triton's packed launch metadata."""
+
+    def __init__(self, packed):
+        super().__init__()
+
+        def kernel(x_ptr, n, scale, BLOCK, FLAG=7, CLUSTER=0):
+            pass
+
+        self.signature = inspect.signature(kernel)
+        self.compiled.packed_metadata = packed
+
+    def warmup(self, *args, grid, **kwargs):
+        self.log.append(("warmup", grid, args, kwargs))
+        return self.compiled
+
+
+def test_cluster_launch_asks_for_clusters_and_says_so_in_the_metadata(fake_triton):
+    """A launch with ``CLUSTER=2`` (flashmla's two splits merged in a thread-block cluster) runs
+    one-CTA code in clusters: the compiled kernel's packed metadata carries ``num_ctas`` 2 and the
+    grid asks for half as many clusters, through Triton's path and the cached launcher alike;
+    a Triton whose launcher has no such metadata is refused with a clear error."""
+    fn = _FakeClusterJit((4, 1, 1000))
+    keyed = launch.KeyedLaunch(launch.Launch(fn, (8,), {"BLOCK": 32, "CLUSTER": 2}))  # a GPU's launch
+    assert keyed.launch.cluster == 2 and launch.Launch(fn, (8,), {"BLOCK": 32}).cluster == 1
+    x = torch.randn(64)
+    keyed("k", x, 16, 0.5)
+    keyed("k", x, 16, 0.5)
+    assert [e[0] for e in fn.log] == ["warmup", "jit", "cached"], fn.log
+    assert fn.log[0][1] == (8,) and fn.log[1][1] == (4,), fn.log  # the launch asks for 4 clusters of 2
+    assert fn.compiled.packed_metadata == (4, 2, 1000)
+    assert fn.log[2][1][:6] == (4, 1, 1, 99, "function-handle", (4, 2, 1000)), fn.log[2]
+    assert fn.log[2][1][-3:] == (32, 7, 2), fn.log[2]  # BLOCK, FLAG's default, CLUSTER
+    with pytest.raises(RuntimeError, match="clusters"):
+        launch.Launch(_FakeClusterJit(None), (8,), {"BLOCK": 32, "CLUSTER": 2})(x, 16, 0.5)
+
+
 def test_call_key_separates_what_triton_specialises(fake_triton):
     q, kv = torch.randn(2, 4, 576), torch.randn(10, 576)
     out, lse = torch.empty(2, 4, 512), torch.empty(2, 4)
