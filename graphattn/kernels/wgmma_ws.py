@@ -432,12 +432,8 @@ def _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws
     if CLUSTER:
         gl.static_assert(CLUSTER == 2, "a cluster of the two splits: one half of the columns each")
         if split != WG:  # my half is the peer's to finish: hand it over through L2
-            h_o = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_o)
-            d_o = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
-            w_base = ws_out_ptr + row.to(gl.int64) * stride_wr + split * stride_ws
-            gl.store(w_base + h_o[:, None] * stride_wh + d_o[None, :], out, mask=(h_o < H)[:, None])
-            l_base = ws_lse_ptr + row.to(gl.int64) * stride_lr + split * stride_ls
-            gl.store(l_base + h_s, lse, mask=h_s < H)
+            _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, stride_wr, stride_ws, stride_wh,
+                           stride_lr, stride_ls, o_layout, BLOCK_H, HALF, WG, True)
             _cluster_arrive(1)  # release: the peer's consumer loads both after its wait
         else:
             _cluster_arrive(0)
@@ -448,14 +444,26 @@ def _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws
                     out_ptr + row.to(gl.int64) * H * D_NOPE + WG * HALF, D_NOPE, hb * BLOCK_H, H, BLOCK_H, HALF)
         if WG == 0:
             gl.store(lse_ptr + row.to(gl.int64) * H + h_s, lse, mask=h_s < H)
-    else:  # f32 partials: a warp's stores from the accumulator already fill 32-byte sectors,
-        # and staging them measured slower (32 heads x 8 rows 15.9 -> 17.6 us, 128 x 1 12.5 -> 13.4)
-        h_o = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_o)
-        d_o = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
-        w_base = ws_out_ptr + row.to(gl.int64) * stride_wr + split * stride_ws
-        gl.store(w_base + h_o[:, None] * stride_wh + d_o[None, :], out, mask=(h_o < H)[:, None])
-        if WG == 0:
-            gl.store(ws_lse_ptr + row.to(gl.int64) * stride_lr + split * stride_ls + h_s, lse, mask=h_s < H)
+    else:
+        _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, stride_wr, stride_ws, stride_wh,
+                       stride_lr, stride_ls, o_layout, BLOCK_H, HALF, WG, WG == 0)
+
+
+@gluon.jit
+def _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, stride_wr, stride_ws, stride_wh,
+                   stride_lr, stride_ls, o_layout: gl.constexpr, BLOCK_H: gl.constexpr, HALF: gl.constexpr,
+                   WG: gl.constexpr, LSE: gl.constexpr):
+    """Consumer ``WG``'s half of split ``split``'s normalised partial (``out`` ``[BLOCK_H, 256]``
+    f32, columns ``WG * 256``) into the workspace, and with ``LSE`` the split's lse (``lse`` and
+    its heads ``h_s`` ``[BLOCK_H]``)."""
+    # f32 partials: a warp's stores from the accumulator already fill 32-byte sectors, and
+    # staging them measured slower (32 heads x 8 rows 15.9 -> 17.6 us, 128 x 1 12.5 -> 13.4)
+    h_o = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
+    d_o = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
+    w_base = ws_out_ptr + row.to(gl.int64) * stride_wr + split * stride_ws
+    gl.store(w_base + h_o[:, None] * stride_wh + d_o[None, :], out, mask=(h_o < H)[:, None])
+    if LSE:
+        gl.store(ws_lse_ptr + row.to(gl.int64) * stride_lr + split * stride_ls + h_s, lse, mask=h_s < H)
 
 
 @gluon.jit
