@@ -301,12 +301,11 @@ def kernel_label(case: FuzzCase, q: torch.Tensor, kv: torch.Tensor) -> str:
     if case.backend != "flashmla":
         return case.backend
     from ..common.kv_layout import is_fp8_kv
-    from ..kernels.flashmla import kernel_name, plan_flashmla
+    from ..kernels.flashmla import plan_flashmla
     from ..kernels.launch import aligned_16
 
-    name = kernel_name(q, kv, case.topk)
     plan = plan_flashmla(q.shape[0], q.shape[1], case.topk, 64, aligned_16(q, kv), is_fp8_kv(kv))
-    return name + ("+cluster" if plan.main.cluster > 1 else "")
+    return plan.kernel + ("+cluster" if plan.main.cluster > 1 else "")
 
 
 def run_case(case: FuzzCase, device: torch.device | None = None, sm_scale: float = D_QK**-0.5) -> CaseResult:
