@@ -18,6 +18,7 @@ import sys
 
 import torch
 
+from flashmla_ab import errors_of_tolerance  # scripts/, this script's folder
 from graphattn.common.platform import current_platform
 from graphattn.common.reference import sparse_mla_reference
 from graphattn.common.tolerances import tolerance
@@ -79,13 +80,8 @@ def case(rows: int, heads: int, topk: int, dtype: torch.dtype = torch.bfloat16, 
             runs.append((out.clone(), lse.clone()))
         same = all(torch.equal(o, runs[0][0]) and torch.equal(s, runs[0][1]) for o, s in runs)
         ref_out, ref_lse = sparse_mla_reference(q, kv, idx, scale)
-        tol = tolerance(dtype)
-        err = ((out.double() - ref_out).abs() / (tol.atol + tol.rtol * ref_out.abs())).max().item()
-        finite = torch.isfinite(ref_lse)
-        lse_err = ((lse.double() - ref_lse).abs()[finite]
-                   / (tol.lse_atol + tol.lse_rtol * ref_lse.abs()[finite])).max().item()
-        ok = (same and err <= 1 and lse_err <= 1 and bool(torch.equal(torch.isinf(lse), ~finite))
-              and not out.isnan().any().item())
+        err, lse_err, same_inf = errors_of_tolerance(out, lse, ref_out, ref_lse, tolerance(dtype))
+        ok = same and err <= 1 and lse_err <= 1 and same_inf and not out.isnan().any().item()
         cluster = plan.main.kwargs.get("CLUSTER", 0)
         print(json.dumps({"case": f"{heads}x{rows}x{topk}", "dtype": str(dtype), "special": special,
                           "override": override, "kernel": plan.kernel, "splits": plan.splits, "cluster": cluster,

@@ -53,6 +53,17 @@ def parse_variant(text: str) -> dict[str, int | str]:
     return {k: int(v) if v.lstrip("-").isdigit() else v for k, v in pairs}
 
 
+def errors_of_tolerance(out, lse, ref_out, ref_lse, tol) -> tuple[float, float, bool]:
+    """``(out error, lse error, same -inf)``: the worst errors of ``out``/``lse`` against the float64
+    reference as fractions of the allowed ``atol + rtol * |ref|`` (<= 1 passes; lse where the
+    reference is finite), and whether lse is -inf exactly where the reference's is."""
+    err = ((out.double() - ref_out).abs() / (tol.atol + tol.rtol * ref_out.abs())).max().item()
+    finite = ref_lse.isfinite()
+    lse_err = ((lse.double() - ref_lse).abs()[finite]
+               / (tol.lse_atol + tol.lse_rtol * ref_lse.abs()[finite])).max().item()
+    return err, lse_err, bool(lse.isinf().equal(~finite))
+
+
 def check(kernel: str, variant: str, rows: int, heads: int, topk: int, kv_fp8: bool = False,
           pool: int = 600_000) -> bool:
     """One launch (the split plan's workspace, outputs NaN-poisoned, indices -1 and past the
@@ -82,14 +93,9 @@ def check(kernel: str, variant: str, rows: int, heads: int, topk: int, kv_fp8: b
     plan = plan_flashmla(rows, heads, topk, ws_out.shape[1], kv_fp8=kv_fp8)
     out, lse = sparse_mla_flashmla(q, kv, idx, 1 / math.sqrt(576), ws_out, ws_lse)
     ref_out, ref_lse = sparse_mla_reference(q, kv, idx, 1 / math.sqrt(576))  # FP8: it dequantises
-    tol = tolerance(torch.bfloat16, "fp8" if kv_fp8 else "auto")
-    # worst error as a fraction of the allowed atol + rtol * |ref| (<= 1 passes)
-    err = ((out.double() - ref_out).abs() / (tol.atol + tol.rtol * ref_out.abs())).max().item()
-    finite = torch.isfinite(ref_lse)
-    lse_err = ((lse.double() - ref_lse).abs()[finite]
-               / (tol.lse_atol + tol.lse_rtol * ref_lse.abs()[finite])).max().item()
-    ok = (err <= 1 and lse_err <= 1 and bool(torch.equal(torch.isinf(lse), ~finite))
-          and plan.kernel == kernel)
+    err, lse_err, same_inf = errors_of_tolerance(out, lse, ref_out, ref_lse,
+                                                 tolerance(torch.bfloat16, "fp8" if kv_fp8 else "auto"))
+    ok = err <= 1 and lse_err <= 1 and same_inf and plan.kernel == kernel
     print(json.dumps({"variant": variant, "check": f"{heads}x{rows}x{topk}", "kernel": plan.kernel,
                       "splits": plan.splits, "out_err_of_tol": err, "lse_err_of_tol": lse_err, "ok": ok}),
           flush=True)
