@@ -44,6 +44,23 @@ def test_regression_shapes_flashmla():
     assert summary.counts["flashmla"]["ok"] == len(fuzz.REGRESSION_SHAPES)
 
 
+def test_regression_shapes_reach_every_gluon_kernel_on_sm90():
+    """On an H200 the regression shapes run each of flashmla's Gluon kernels, the two-split
+    cluster merge included (random draws seldom plan one), so the GPU sweep checks them all."""
+    from graphattn.common.platform import DeviceFacts
+    from graphattn.cuda.platform import CudaPlatform
+    from graphattn.kernels.flashmla import plan_flashmla
+    from graphattn.kernels.launch import aligned_16
+
+    h200 = CudaPlatform(DeviceFacts("nvidia", "H200", 132, capability=(9, 0)), device="cuda:0")
+    ran = set()
+    for case in fuzz.regression_cases(["flashmla"]):
+        q, kv, _ = fuzz.make_inputs(case, torch.device("cpu"))  # its layouts: aligned or not
+        plan = plan_flashmla(case.rows, case.heads, case.topk, 32, aligned_16(q, kv), platform=h200)
+        ran.add(plan.kernel + ("+cluster" if plan.main.cluster > 1 else ""))
+    assert {"wgmma_rr+cluster", "wgmma_rr", "wgmma_ws", "wgmma_tn"} <= ran, sorted(ran)
+
+
 def test_draws_reach_the_edges():
     """The generator reaches what the sweep must: a 1-token pool, top-k off every tile, odd
     heads, every q/kv layout, all-invalid rows, out-of-range indices."""

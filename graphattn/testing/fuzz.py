@@ -204,6 +204,16 @@ REGRESSION_SHAPES = (
     _regression(100, 5, 1, 1000),
     _regression(100, 64, 1, 65_536),
     _regression(100, 2048, 1, 4096),
+    # On sm_90 each of flashmla's Gluon kernels (tests/test_fuzz.py checks which run), with what
+    # random draws seldom combine. Two splits merged in a thread-block cluster (wgmma_rr,
+    # CLUSTER=2): a second head block of one head, a part-filled second split and an
+    # all-invalid row; then a second split of 22 tokens, strided kv and half the indices -1.
+    _regression(65, 200, 24, 5000, empty_rows=1),
+    _regression(128, 150, 24, 70_000, kv_layout="row_stride", stride=640, invalid=0.5),
+    # wgmma_rr in one split (the output stored through shared memory), less than a round of
+    # top-k; wgmma_tn at 13 of its 16 heads in 5 splits.
+    _regression(65, 100, 60, 5000, out_of_range=0.2),
+    _regression(13, 300, 5, 300),
 )
 
 
