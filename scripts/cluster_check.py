@@ -8,7 +8,8 @@ within the tolerance of the float64 reference; the inputs have indices -1 and pa
 cases add NaN in every unselected token, an all-invalid row, an empty second split, fp16 q and kv,
 masked heads (70, 100) and many waves of clusters (two splits forced at 200-257 rows). Prints one
 JSON line per case, then ``ALL OK`` (exit 0) or ``FAILED n``. ``mem``: two small cluster cases,
-for ``compute-sanitizer --tool memcheck``.
+for ``compute-sanitizer --tool memcheck``. ``race``: one launch for ``compute-sanitizer --tool
+racecheck`` (see :func:`racecheck_launch`).
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from graphattn.common.tolerances import tolerance
 from graphattn.kernels import sparse_mla_flashmla
 from graphattn.kernels.flashmla import bind_flashmla, plan_flashmla
 from graphattn.kernels.launch import clear_launch_plans
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 
 POOL = 300_000
 CASES = [
@@ -92,7 +95,55 @@ def case(rows: int, heads: int, topk: int, dtype: torch.dtype = torch.bfloat16, 
     return ok and (cluster == 2) == (override.get("cluster_merge", 1) != 0)
 
 
+@gluon.jit
+def _no_cluster_arrive(RELEASE: gl.constexpr):
+    pass
+
+
+@gluon.jit
+def _no_cluster_wait():
+    pass
+
+
+def without_cluster_barrier() -> None:
+    """From now on in this process: the Gluon kernels compile their cluster barrier as nothing,
+    and ``Launch`` launches ``CLUSTER=2`` without clusters (each CTA alone). For racecheck only:
+    a merge then reads its peer's half unordered, so outputs are meaningless."""
+    from graphattn.kernels import launch, wgmma_rr, wgmma_ws
+
+    for module in (wgmma_rr, wgmma_ws):
+        module._cluster_arrive = _no_cluster_arrive
+        if hasattr(module, "_cluster_wait"):
+            module._cluster_wait = _no_cluster_wait
+    launch.Launch.cluster = property(lambda self: 1)
+
+
+def racecheck_launch(rows: int = 24, heads: int = 64, topk: int = 512) -> None:
+    """One launch of the cluster merge's code for ``compute-sanitizer --tool racecheck``, which
+    did not finish on a cluster launch even of two CTAs (150 s), while the same code launched
+    without clusters does not finish even without the tool (its ``barrier.cluster`` waits for a
+    cluster that is not there): :func:`without_cluster_barrier`, then two splits forced. Racecheck
+    checks shared memory, all of it CTA-local here (the staging in q's shared memory, the row
+    weights; the hand-off between the two CTAs goes through global memory, ordered by the
+    barrier left out). Prints ``launched`` with the plan."""
+    without_cluster_barrier()
+    with current_platform().launch_table.override("flashmla", max_splits=2, target_programs=10**6):
+        clear_launch_plans()
+        q = torch.randn(rows, heads, 576, device="cuda").bfloat16()
+        kv = torch.randn(POOL, 576, device="cuda").bfloat16()
+        idx = torch.randint(0, POOL, (rows, topk), device="cuda", dtype=torch.int32)
+        ws_out = torch.zeros(rows, 2, heads, 512, device="cuda")
+        ws_lse = torch.zeros(rows, 2, heads, device="cuda")
+        plan = plan_flashmla(rows, heads, topk, 2)
+        bind_flashmla(plan, idx, 1 / math.sqrt(576), ws_out, ws_lse)(q, kv)
+        torch.cuda.synchronize()
+        print(f"launched {plan.kernel} CLUSTER={plan.main.kwargs.get('CLUSTER')} without clusters", flush=True)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["race"]:
+        racecheck_launch()
+        sys.exit(0)
     cases = MEM_CASES if sys.argv[1:] == ["mem"] else CASES
     bad = sum(not case(**c) for c in cases)
     print(f"FAILED {bad}" if bad else "ALL OK")

@@ -134,3 +134,40 @@ def test_dsmem_probe_compiles_for_sm90_and_its_offsets_are_the_allocators():
     assert out["offsets"] == "[('bar', 131072), ('recv', 65536), ('stage', 0)]"  # the allocator's
     assert out["offsets1"] == "[('bar', 512), ('buf', 0)]"
     assert out["used"] == "(0, 65536, 131072) (0, 512)"  # what the probe's PTX uses: the same
+
+
+def test_cluster_check_race_mode_compiles_the_merge_without_the_cluster_barrier():
+    """scripts/cluster_check.py's racecheck mode (no GPU here: the compile only): after
+    ``without_cluster_barrier`` wgmma_rr's CLUSTER=2 kernel compiles for sm_90 with no
+    ``barrier.cluster`` left; without it, it has them (one subprocess each, as the mode runs:
+    Triton memoises a kernel's key once it compiled it, and Gluon compiles outside the
+    interpreter)."""
+    import subprocess
+
+    def count(patched: bool) -> int:
+        code = (
+            "import sys; sys.path.insert(0, 'scripts')\n"
+            "import triton\n"
+            "from triton.backends.compiler import GPUTarget\n"
+            "from triton.experimental.gluon._runtime import GluonASTSource\n"
+            "from graphattn.kernels import aot\n"
+            "import cluster_check\n"
+            f"if {patched}:\n"
+            "    cluster_check.without_cluster_barrier()\n"
+            "kernel, target, meta, opts, dtype = next(j for j in aot.jobs(['sm90'])\n"
+            "    if j[0] == 'flashmla_wgmma_rr' and j[2].get('CLUSTER') == 2)\n"
+            "fn = aot._kernel_fn(kernel)\n"
+            "sig = {n: aot._arg_type(n, dtype, meta) for n in fn.arg_names}\n"
+            "attrs = {(i,): [['tt.divisibility', 16]] for i, n in enumerate(fn.arg_names)\n"
+            "         if n not in meta and (n.endswith('_ptr') or n.startswith('stride_'))}\n"
+            "c = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=meta, attrs=attrs),\n"
+            "                   target=GPUTarget('cuda', 90, 32), options=opts)\n"
+            "print('count', c.asm['ptx'].count('barrier.cluster'))\n")
+        env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
+        run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return int(next(x for x in run.stdout.splitlines() if x.startswith("count ")).split()[1])
+
+    assert count(False) > 0
+    assert count(True) == 0
