@@ -147,22 +147,12 @@ def test_cluster_check_race_mode_compiles_the_merge_without_the_cluster_barrier(
     def count(patched: bool) -> int:
         code = (
             "import sys; sys.path.insert(0, 'scripts')\n"
-            "import triton\n"
-            "from triton.backends.compiler import GPUTarget\n"
-            "from triton.experimental.gluon._runtime import GluonASTSource\n"
             "from graphattn.kernels import aot\n"
             "import cluster_check\n"
             f"if {patched}:\n"
             "    cluster_check.without_cluster_barrier()\n"
-            "kernel, target, meta, opts, dtype = next(j for j in aot.jobs(['sm90'])\n"
-            "    if j[0] == 'flashmla_wgmma_rr' and j[2].get('CLUSTER') == 2)\n"
-            "fn = aot._kernel_fn(kernel)\n"
-            "sig = {n: aot._arg_type(n, dtype, meta) for n in fn.arg_names}\n"
-            "attrs = {(i,): [['tt.divisibility', 16]] for i, n in enumerate(fn.arg_names)\n"
-            "         if n not in meta and (n.endswith('_ptr') or n.startswith('stride_'))}\n"
-            "c = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=meta, attrs=attrs),\n"
-            "                   target=GPUTarget('cuda', 90, 32), options=opts)\n"
-            "print('count', c.asm['ptx'].count('barrier.cluster'))\n")
+            "job = next(j for j in aot.jobs(['sm90']) if j[0] == 'flashmla_wgmma_rr' and j[2].get('CLUSTER') == 2)\n"
+            "print('count', aot.compile_job(job).asm['ptx'].count('barrier.cluster'))\n")
         env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
         run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                              timeout=600)

@@ -182,18 +182,17 @@ def ptxas_usage(ptx: str, arch: str = "sm_90a") -> dict[str, int] | None:
     return None
 
 
-def compile_one(job: tuple[str, str, dict[str, Any], dict[str, Any], str],
-                usage: bool = False) -> dict[str, Any]:
-    """Compile one job; returns a JSON-able record (``ok`` False with the error on failure).
-    ``usage``: add ``ptxas`` (:func:`ptxas_usage`) for sm_90 kernels."""
+def compile_job(job: tuple[str, str, dict[str, Any], dict[str, Any], str]) -> Any:
+    """Compile one job (a :func:`jobs` entry) and return Triton's compiled kernel (its ``asm``
+    holds the PTX or AMDGCN); raises what the compiler raises, or TypeError where the kernel is
+    not a JITFunction (``TRITON_INTERPRET`` must be 0)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
     kernel, target, meta, opts, dtype = job
     fn = _kernel_fn(kernel)
-    record = {"kernel": kernel, "target": target, "dtype": dtype, "constexprs": meta, "options": opts}
     if not isinstance(fn, triton.runtime.jit.JITFunction):
-        return {**record, "ok": False, "error": f"{type(fn).__name__} is not a JITFunction: set TRITON_INTERPRET=0"}
+        raise TypeError(f"{type(fn).__name__} is not a JITFunction: set TRITON_INTERPRET=0")
     signature = {name: _arg_type(name, dtype, meta) for name in fn.arg_names}
     source = triton.compiler.ASTSource
     if fn.is_gluon():
@@ -202,10 +201,19 @@ def compile_one(job: tuple[str, str, dict[str, Any], dict[str, Any], str],
     # multiples of 16): the Gluon kernel's 16-byte cp.async copies need it to compile.
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
              if name not in meta and (name.endswith("_ptr") or name.startswith("stride_"))}
+    src = source(fn=fn, signature=signature, constexprs=meta, attrs=attrs)
+    return triton.compile(src, target=GPUTarget(*TARGETS[target]), options=opts)
+
+
+def compile_one(job: tuple[str, str, dict[str, Any], dict[str, Any], str],
+                usage: bool = False) -> dict[str, Any]:
+    """Compile one job; returns a JSON-able record (``ok`` False with the error on failure).
+    ``usage``: add ``ptxas`` (:func:`ptxas_usage`) for sm_90 kernels."""
+    kernel, target, meta, opts, dtype = job
+    record = {"kernel": kernel, "target": target, "dtype": dtype, "constexprs": meta, "options": opts}
     t0 = time.perf_counter()
     try:
-        src = source(fn=fn, signature=signature, constexprs=meta, attrs=attrs)
-        compiled = triton.compile(src, target=GPUTarget(*TARGETS[target]), options=opts)
+        compiled = compile_job(job)
     except Exception as exc:  # report every failure, not only the first
         return {**record, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
     asm = "ptx" if target == "sm90" else "amdgcn"
