@@ -121,8 +121,9 @@ def without_cluster_barrier() -> None:
 def racecheck_launch(rows: int = 24, heads: int = 64, topk: int = 512) -> None:
     """One launch of the cluster merge's code for ``compute-sanitizer --tool racecheck``, which
     did not finish on a cluster launch even of two CTAs (150 s), while the same code launched
-    without clusters does not finish even without the tool (its ``barrier.cluster`` waits for a
-    cluster that is not there): :func:`without_cluster_barrier`, then two splits forced. Racecheck
+    without clusters did not finish even without the tool (240 s; why was not found, the
+    ``barrier.cluster`` outside a cluster launch being one candidate):
+    :func:`without_cluster_barrier`, then two splits forced. Racecheck
     checks shared memory, all of it CTA-local here (the staging in q's shared memory, the row
     weights; the hand-off between the two CTAs goes through global memory, ordered by the
     barrier left out). Prints ``launched`` with the plan."""
