@@ -304,17 +304,18 @@ def poisoned_empty() -> Iterator[None]:
         torch.utils.deterministic.fill_uninitialized_memory = old
 
 
-def kernel_label(case: FuzzCase, q: torch.Tensor, kv: torch.Tensor) -> str:
+def kernel_label(case: FuzzCase, q: torch.Tensor, kv: torch.Tensor, platform=None) -> str:
     """Which kernel a flashmla case runs (a Gluon kernel's key such as ``wgmma_rr``, with
     ``+cluster`` where its two splits merge in a thread-block cluster, ``triton_kv_major``,
-    ``triton``); the backend name for the others."""
+    ``triton``); the backend name for the others. ``platform``: whose launch table (default
+    the current one)."""
     if case.backend != "flashmla":
         return case.backend
     from ..common.kv_layout import is_fp8_kv
     from ..kernels.flashmla import plan_flashmla
     from ..kernels.launch import aligned_16
 
-    plan = plan_flashmla(q.shape[0], q.shape[1], case.topk, 64, aligned_16(q, kv), is_fp8_kv(kv))
+    plan = plan_flashmla(q.shape[0], q.shape[1], case.topk, 64, aligned_16(q, kv), is_fp8_kv(kv), platform)
     return plan.kernel + ("+cluster" if plan.main.cluster > 1 else "")
 
 
