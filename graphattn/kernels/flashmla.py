@@ -98,7 +98,7 @@ GLUON_KERNELS = {
 
 # Gluon kernels whose two splits of a (row, head block) can run as a thread-block cluster and
 # merge in the kernel (``CLUSTER=2``), where the launch setting says ``cluster_merge``.
-CLUSTER_MERGE_KERNELS = ("wgmma_rr",)
+CLUSTER_MERGE_KERNELS = ("wgmma_rr", "wgmma_ws")
 
 
 def _split_kernel(q, kv, topk):

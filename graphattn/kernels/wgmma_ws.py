@@ -102,7 +102,8 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
               H, pool, qk_scale, row, hb, split, start, end, n_tiles,
               stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-              DIRECT: gl.constexpr, KV_FP8: gl.constexpr):
+              DIRECT: gl.constexpr, KV_FP8: gl.constexpr, CLUSTER: gl.constexpr = 0, o_ready=None,
+              o_wts=None):
     """Default partition (4 warps): every KV tile of the split into its slot, and for wgmma_tn
     (``BLOCK_H`` 16 or 32) q first (wgmma_ws's consumer 0 loads its q: :func:`_load_q_first`,
     so the first tile's gather goes out without waiting behind q's copies). With
@@ -134,6 +135,10 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
         _async_copy.mbarrier_arrive(kv_ready.index(slot), increment_count=False)
         n_next = start + (j + 1) * BLOCK_N
         idx_a, idx_b = _tile_indices(idx_row_ptr, n_next, end, BLOCK_N, KV_FP8, GATHER_N, GATHER_R)
+    if CLUSTER:  # the two splits' merge, once both consumers have staged their halves
+        mbarrier.wait(o_ready, 0)
+        _producer_merge(q_nope, k_nope, stat_m, o_wts, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr, row, hb, split, H,
+                        stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, BLOCK_H, D_NOPE)
 
 
 @gluon.jit
@@ -336,7 +341,8 @@ def _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
               H, pool, qk_scale, row, hb, split, start, end, n_tiles,
               stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-              DIRECT: gl.constexpr, KV_FP8: gl.constexpr, WG: gl.constexpr):
+              DIRECT: gl.constexpr, KV_FP8: gl.constexpr, WG: gl.constexpr, CLUSTER: gl.constexpr = 0,
+              o_ready=None):
     """Consumer warpgroup ``WG`` (0 or 1): scores and softmax of tiles ``t % 2 == WG``, output
     columns ``[WG * 256, WG * 256 + 256)`` of every tile."""
     q_nope, q_rope, k_nope, k_rope, stat_m, stat_l, k_raw, k_scale, k_rope_bits, k_scale_rows = smem
@@ -395,8 +401,12 @@ def _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
         mbarrier.arrive(kv_free.index((n_tiles - 1) % 2))
 
     # The row sum is split between the two consumers (each summed its own tiles' P): add them.
-    _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr, row, hb, split, H,
-            stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, row_s, o_layout, BLOCK_H, D_NOPE, DIRECT, WG)
+    if CLUSTER:
+        _stage_for_merge(acc, m, l, stat_l, l_ready, k_nope, stat_m, o_ready, row_s, o_layout, BLOCK_H, D_NOPE,
+                         WG)
+    else:
+        _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr, row, hb, split, H,
+                stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, row_s, o_layout, BLOCK_H, D_NOPE, DIRECT, WG)
 
 
 @gluon.jit
@@ -447,6 +457,116 @@ def _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws
     else:
         _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, stride_wr, stride_ws, stride_wh,
                        stride_lr, stride_ls, o_layout, BLOCK_H, HALF, WG, WG == 0)
+
+
+@gluon.jit
+def _f32_rows(buf, ROWS: gl.constexpr, CHUNK: gl.constexpr, WIDTH: gl.constexpr):
+    """``buf`` (a 64 KB ``[64, 512]`` 16-bit tile) as f32 ``[ROWS // CHUNK, CHUNK, WIDTH]``
+    (the layout is one chunk's; row ``r``'s 16-byte groups are swizzled by ``r % 4``, so every
+    ``CHUNK`` that is a multiple of 4 sees the same bytes in the same places)."""
+    flat: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=4, order=[1, 0])
+    if _NEW_REINTERPRET:
+        return buf.reinterpret(gl.float32, [ROWS // CHUNK, CHUNK, WIDTH], flat)
+    return buf._reinterpret(gl.float32, [ROWS // CHUNK, CHUNK, WIDTH], flat)
+
+
+@gluon.jit
+def _stage_for_merge(acc, m, l, stat_l, l_ready, k_nope, stat_m, o_ready, row_s: gl.constexpr,
+                     o_layout: gl.constexpr, BLOCK_H: gl.constexpr, D_NOPE: gl.constexpr, WG: gl.constexpr):
+    """``CLUSTER=2`` (two splits as a thread-block cluster): consumer ``WG``'s end is only
+    this: its half of the normalised partial staged as f32 in its KV slot (``k_nope[WG]``, free
+    once both consumers are past their loops, the sums' exchange), consumer 0's lse in
+    ``stat_m[0]``, then ``o_ready`` and its arrival on the cluster barrier. The producer merges
+    (:func:`_producer_merge`): the merge in the consumers made ptxas spill ~460 B in their KV
+    loop."""
+    OTHER: gl.constexpr = 1 - WG
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    stat_l.index(WG).store(l)
+    _cta_barrier()
+    mbarrier.arrive(l_ready.index(WG))
+    mbarrier.wait(l_ready.index(OTHER), 0)
+    l = l + stat_l.index(OTHER).load(row_s)
+    empty = l == 0.0
+    out = acc / gl.convert_layout(gl.where(empty, 1.0, l), row_o)[:, None]
+    HALF: gl.constexpr = D_NOPE // 2
+    _f32_rows(k_nope.index(WG), BLOCK_H, BLOCK_H, HALF).index(0).store(out)
+    if WG == 0:
+        stat_m.index(0).store(gl.where(empty, float("-inf"), (m + gl.log2(gl.where(empty, 1.0, l))) * 0.6931471805599453))
+    _cta_barrier()
+    mbarrier.arrive(o_ready)
+    _cluster_arrive(0)
+
+
+@gluon.jit
+def _producer_merge(q_nope, k_nope, stat_m, wts, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr, row, hb, split, H,
+                    stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, BLOCK_H: gl.constexpr,
+                    D_NOPE: gl.constexpr):
+    """The producer's part of ``CLUSTER=2`` (see :func:`_stage_for_merge`): split ``s``
+    finishes output columns ``[256 s, 256 s + 256)``. First the other half (consumer ``1 - s``'s,
+    staged) and the lse go to the workspace, then the cluster barrier (release, acquire), then
+    the peer's half of my columns is copied from L2 into q's shared memory (free: the consumers
+    are past their scores) by ``cp.async``, and my staged half and the peer's are merged with
+    the two lse's weights and stored. A few rows a pass: the producer has 40 registers."""
+    HALF: gl.constexpr = D_NOPE // 2
+    CHUNK: gl.constexpr = wts.shape[1]
+    NCH: gl.constexpr = BLOCK_H // CHUNK
+    layout: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 4], threads_per_warp=[1, 32], warps_per_cta=[4, 1], order=[1, 0])
+    rows_l: gl.constexpr = gl.SliceLayout(1, layout)
+    vec_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[4],
+                                           order=[0])
+    send = 1 - split
+    peer = 1 - split
+    d = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
+    w_row = ws_out_ptr + row.to(gl.int64) * stride_wr
+    # my other half and the lse, for the peer
+    sent = _f32_rows(k_nope.index(send), BLOCK_H, CHUNK, HALF)
+    for c in range(0, NCH):
+        h = hb * BLOCK_H + c * CHUNK + gl.arange(0, CHUNK, layout=rows_l)
+        gl.store(w_row + split * stride_ws + h[:, None] * stride_wh + (send * HALF + d)[None, :],
+                 sent.index(c).load(layout), mask=(h < H)[:, None])
+    h_v = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=vec_l)
+    lse_me = stat_m.index(0).load(vec_l)
+    l_row = ws_lse_ptr + row.to(gl.int64) * stride_lr
+    gl.store(l_row + split * stride_ls + h_v, lse_me, mask=h_v < H)
+    _cluster_arrive(1)  # release: these stores before the peer's loads
+    _cluster_wait()
+    # the peer's half of my columns, into q's shared memory
+    got = _f32_rows(q_nope.index(0), BLOCK_H, CHUNK, HALF)
+    for c in range(0, NCH):
+        h = hb * BLOCK_H + c * CHUNK + gl.arange(0, CHUNK, layout=rows_l)
+        _async_load(got.index(c), w_row + peer * stride_ws + h[:, None] * stride_wh + (split * HALF + d)[None, :],
+                    mask=(h < H)[:, None])
+    _async_copy.commit_group()
+    lse_p = gl.load(l_row + peer * stride_ls + h_v, mask=h_v < H, other=float("-inf"), cache_modifier=".cg")
+    top = gl.maximum(lse_me, lse_p)
+    top = gl.where(top == float("-inf"), 0.0, top)
+    w_me = gl.exp(lse_me - top)  # 0 for a split that saw no valid token
+    w_p = gl.exp(lse_p - top)
+    den = w_me + w_p
+    inv = 1.0 / gl.where(den == 0.0, 1.0, den)
+    if split == 0:
+        gl.store(lse_ptr + row.to(gl.int64) * H + h_v,
+                 gl.where(den == 0.0, float("-inf"), top + gl.log(gl.where(den == 0.0, 1.0, den))), mask=h_v < H)
+    wts.slice(0, NCH).store(gl.reshape(w_me * inv, [NCH, CHUNK]))
+    wts.slice(NCH, NCH).store(gl.reshape(w_p * inv, [NCH, CHUNK]))
+    _async_copy.wait_group(0)
+    _cta_barrier()
+    mine = _f32_rows(k_nope.index(split), BLOCK_H, CHUNK, HALF)
+    # the same bytes, as rows (triton 3.6 takes a row's layout from the parent's: here one row's)
+    row_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    if _NEW_REINTERPRET:
+        w_rows = wts.reinterpret(gl.float32, [2 * NCH, CHUNK], row_layout)
+    else:
+        w_rows = wts._reinterpret(gl.float32, [2 * NCH, CHUNK], row_layout)
+    o_row = out_ptr + row.to(gl.int64) * H * D_NOPE
+    for c in range(0, NCH):
+        h = hb * BLOCK_H + c * CHUNK + gl.arange(0, CHUNK, layout=rows_l)
+        a = w_rows.index(c).load(rows_l)
+        b = w_rows.index(NCH + c).load(rows_l)
+        merged = mine.index(c).load(layout) * a[:, None] + got.index(c).load(layout) * b[:, None]
+        gl.store(o_row + h.to(gl.int64)[:, None] * D_NOPE + (split * HALF + d)[None, :],
+                 merged.to(out_ptr.dtype.element_ty), mask=(h < H)[:, None])
 
 
 @gluon.jit
@@ -577,6 +697,7 @@ def _flashmla_ws_kernel(
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     STAGES: gl.constexpr, DIRECT: gl.constexpr, KV_FP8: gl.constexpr = 0, LAUNCH_DEPENDENTS: gl.constexpr = 0,
+    CLUSTER: gl.constexpr = 0,
 ):
     """Arguments, grid and outputs as ``_flashmla_split_kernel`` (graphattn.kernels.flashmla);
     launch with ``num_warps=4`` and ``maxnreg=168`` (12 warps run: producer, two consumers).
@@ -593,7 +714,8 @@ def _flashmla_ws_kernel(
 
     if LAUNCH_DEPENDENTS:  # the combine (a programmatic dependent launch) may start its programs
         _launch_dependents()
-    hb, split, row, start, end, n_tiles = _program_split(H, topk, split_len, num_splits, BLOCK_H, BLOCK_N)
+    gl.static_assert(CLUSTER == 0 or (CLUSTER == 2 and DIRECT == 0), "clusters merge two splits")
+    hb, split, row, start, end, n_tiles = _program_split(H, topk, split_len, num_splits, BLOCK_H, BLOCK_N, CLUSTER)
 
     smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     # [2, N] buffers indexed by consumer: the layout describes one row (triton 3.6 keeps the
@@ -629,6 +751,15 @@ def _flashmla_ws_kernel(
         mbarrier.init(p_ready.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(l_ready.index(i), count=1)
+    if CLUSTER:  # both consumers have staged their halves for the producer's merge
+        o_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(o_ready, count=2)
+        # the merge's row weights, [2 * 16, 4]: the producer's 4-row passes (_producer_merge)
+        o_wts = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_H // 4, 4],
+                                          gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+    else:
+        o_ready = q_ready  # unused
+        o_wts = stat_m
 
     smem = (q_nope, q_rope, k_nope, k_rope, stat_m, stat_l, k_raw, k_scale, k_rope_bits, k_scale_rows)
     bars = (q_ready, kv_ready, kv_free, p_ready, l_ready, d_ready)
@@ -639,13 +770,13 @@ def _flashmla_ws_kernel(
         (_producer, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                      H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                      stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8)),
+                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, CLUSTER, o_ready, o_wts)),
         (_consumer, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                      H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                      stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 0)),
+                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 0, CLUSTER, o_ready)),
         (_consumer, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                      H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                      stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 1)),
+                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 1, CLUSTER, o_ready)),
     ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
