@@ -697,7 +697,7 @@ def _flashmla_ws_kernel(
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     STAGES: gl.constexpr, DIRECT: gl.constexpr, KV_FP8: gl.constexpr = 0, LAUNCH_DEPENDENTS: gl.constexpr = 0,
-    CLUSTER: gl.constexpr = 0,
+    CLUSTER: gl.constexpr = 0, MERGE_ROWS: gl.constexpr = 4,
 ):
     """Arguments, grid and outputs as ``_flashmla_split_kernel`` (graphattn.kernels.flashmla);
     launch with ``num_warps=4`` and ``maxnreg=168`` (12 warps run: producer, two consumers).
@@ -755,7 +755,7 @@ def _flashmla_ws_kernel(
         o_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(o_ready, count=2)
         # the merge's row weights, [2 * 16, 4]: the producer's 4-row passes (_producer_merge)
-        o_wts = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_H // 4, 4],
+        o_wts = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_H // MERGE_ROWS, MERGE_ROWS],
                                           gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
     else:
         o_ready = q_ready  # unused
