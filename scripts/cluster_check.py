@@ -1,12 +1,14 @@
-"""GPU check of flashmla's cluster merge (``wgmma_rr`` with ``CLUSTER=2``: two splits of a (row,
-head block) run as a thread-block cluster and merge in the kernel) against the float64 reference.
+"""GPU check of flashmla's cluster merge (``wgmma_rr``, and ``wgmma_ws`` with FP8 tokens, with
+``CLUSTER=2``: two splits of a (row, head block) run as a thread-block cluster and merge in the
+kernel) against the float64 reference (of the dequantised cache for FP8 tokens).
 
 ``PYTHONPATH=. python scripts/cluster_check.py [mem]`` on an sm_90 GPU. Every case runs its launch
 three times, each from a NaN-poisoned workspace and NaN-poisoned outputs, and must give the same
 bits each time (a merge that read the peer's half before it was written would show NaN or differ)
 within the tolerance of the float64 reference; the inputs have indices -1 and past the pool, and
 cases add NaN in every unselected token, an all-invalid row, an empty second split, fp16 q and kv,
-masked heads (70, 100) and many waves of clusters (two splits forced at 200-257 rows). Prints one
+masked heads (70, 100), many waves of clusters (two splits forced at 200-257 rows) and 656-byte FP8
+tokens (``fp8``: ``wgmma_ws``, whose producer merges). Prints one
 JSON line per case, then ``ALL OK`` (exit 0) or ``FAILED n``. ``mem``: two small cluster cases,
 for ``compute-sanitizer --tool memcheck``. ``race``: one launch for ``compute-sanitizer --tool
 racecheck`` (see :func:`racecheck_launch`).
@@ -20,6 +22,7 @@ import sys
 import torch
 
 from flashmla_ab import errors_of_tolerance  # scripts/, this script's folder
+from graphattn.common.kv_layout import quantize_kv
 from graphattn.common.platform import current_platform
 from graphattn.common.reference import sparse_mla_reference
 from graphattn.common.tolerances import tolerance
@@ -40,9 +43,16 @@ CASES = [
     dict(rows=257, heads=64, topk=2048, max_splits=2, target_programs=10**6),
     dict(rows=200, heads=128, topk=2077, special="emptyrow", max_splits=2, target_programs=10**6),
     dict(rows=64, heads=64, topk=2048, cluster_merge=0),  # the same shape through the combine
+    # 656-byte FP8 tokens: wgmma_ws, whose producer merges
+    dict(rows=64, heads=64, topk=2048, special="fp8"),
+    dict(rows=24, heads=100, topk=2077, dtype=torch.float16, special="fp8 nan emptyrow"),
+    dict(rows=32, heads=128, topk=2048, special="fp8 emptysplit"),
+    dict(rows=200, heads=64, topk=2077, special="fp8", max_splits=2, target_programs=10**6),
+    dict(rows=64, heads=64, topk=2048, special="fp8", cluster_merge=0),
 ]
 MEM_CASES = [dict(rows=24, heads=100, topk=2077, special="emptyrow"),
-             dict(rows=80, heads=64, topk=1024, max_splits=2, target_programs=10**6)]
+             dict(rows=80, heads=64, topk=1024, max_splits=2, target_programs=10**6),
+             dict(rows=24, heads=100, topk=2077, special="fp8 emptyrow")]
 
 
 def case(rows: int, heads: int, topk: int, dtype: torch.dtype = torch.bfloat16, special: str = "",
@@ -62,14 +72,17 @@ def case(rows: int, heads: int, topk: int, dtype: torch.dtype = torch.bfloat16, 
             idx[0] = -1
         if "emptysplit" in special:  # the second split sees nothing valid in any row
             idx[:, topk // 2 + 64:] = -1
-        if "nan" in special:  # NaN in every token no row selects
+        fp8 = "fp8" in special
+        if fp8:
+            kv = quantize_kv(kv)
+        if "nan" in special:  # NaN in every token no row selects (FP8: 0xFF bytes, NaN scales and rope)
             selected = torch.zeros(POOL, dtype=torch.bool, device="cuda")
             selected[idx[(idx >= 0) & (idx < POOL)].long()] = True
-            kv[~selected] = float("nan")
+            kv[~selected] = 0xFF if fp8 else float("nan")
         splits = 2 if override.get("max_splits") else 8
         ws_out = torch.empty(rows, splits, heads, 512, device="cuda")
         ws_lse = torch.empty(rows, splits, heads, device="cuda")
-        plan = plan_flashmla(rows, heads, topk, splits)
+        plan = plan_flashmla(rows, heads, topk, splits, kv_fp8=fp8)
         sparse_mla_flashmla(q, kv, idx, scale, ws_out, ws_lse)  # compile
         out = torch.empty(rows, heads, 512, device="cuda", dtype=dtype)
         lse = torch.empty(rows, heads, device="cuda")
@@ -82,8 +95,9 @@ def case(rows: int, heads: int, topk: int, dtype: torch.dtype = torch.bfloat16, 
             torch.cuda.synchronize()
             runs.append((out.clone(), lse.clone()))
         same = all(torch.equal(o, runs[0][0]) and torch.equal(s, runs[0][1]) for o, s in runs)
-        ref_out, ref_lse = sparse_mla_reference(q, kv, idx, scale)
-        err, lse_err, same_inf = errors_of_tolerance(out, lse, ref_out, ref_lse, tolerance(dtype))
+        ref_out, ref_lse = sparse_mla_reference(q, kv, idx, scale)  # FP8: of the dequantised cache
+        err, lse_err, same_inf = errors_of_tolerance(out, lse, ref_out, ref_lse,
+                                                     tolerance(dtype, "fp8" if fp8 else "auto"))
         ok = same and err <= 1 and lse_err <= 1 and same_inf and not out.isnan().any().item()
         cluster = plan.main.kwargs.get("CLUSTER", 0)
         print(json.dumps({"case": f"{heads}x{rows}x{topk}", "dtype": str(dtype), "special": special,

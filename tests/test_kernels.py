@@ -402,12 +402,16 @@ def test_sm90_wgmma_splits_fill_whole_waves(monkeypatch, rows, heads, topk, want
     (64, 64, 2048, False, {"cluster_merge": 0}, 0),  # the setting off: partials and the combine
     (8, 128, 2048, False, {}, 0),  # 8 splits: the combine
     (512, 128, 2048, False, {}, 0),  # one split: direct
-    (64, 64, 2048, True, {}, 0),  # FP8 tokens run wgmma_ws, which has no cluster merge
+    (64, 64, 2048, True, {}, 2),  # FP8 tokens: wgmma_ws's producer merges them
+    (32, 128, 2048, True, {}, 2),
+    (64, 64, 2048, True, {"cluster_merge": 0}, 0),
+    (8, 64, 2048, True, {}, 0),  # more splits: the combine
 ])
 def test_sm90_two_splits_merge_in_a_cluster(monkeypatch, rows, heads, topk, kv_fp8, override, cluster):
-    """Where wgmma_rr's launch takes two splits, the plan runs them as thread-block clusters of
-    two (``CLUSTER=2``: consecutive programs, ``Launch.cluster``) that merge in the kernel, with
-    no combine launch; everywhere else the plan is unchanged."""
+    """Where wgmma_rr's launch (or wgmma_ws's with FP8 tokens) takes two splits, the plan runs
+    them as thread-block clusters of two (``CLUSTER=2``: consecutive programs,
+    ``Launch.cluster``) that merge in the kernel, with no combine launch; everywhere else the
+    plan is unchanged."""
     from graphattn.kernels.flashmla import plan_flashmla
     from graphattn.kernels.launch import clear_launch_plans
 
@@ -415,7 +419,7 @@ def test_sm90_two_splits_merge_in_a_cluster(monkeypatch, rows, heads, topk, kv_f
     if not cuda_configs.gluon_available():
         pytest.skip("this triton has no Gluon Hopper dialect")
     for key, value in override.items():
-        monkeypatch.setitem(cuda_configs._WGMMA_RR_TILE, key, value)
+        monkeypatch.setitem(cuda_configs._WGMMA_FP8_TILE if kv_fp8 else cuda_configs._WGMMA_RR_TILE, key, value)
     clear_launch_plans()
     try:
         plan = plan_flashmla(rows, heads, topk, 32, kv_fp8=kv_fp8)
@@ -425,7 +429,8 @@ def test_sm90_two_splits_merge_in_a_cluster(monkeypatch, rows, heads, topk, kv_f
     assert plan.main.kwargs.get("CLUSTER", 0) == cluster and plan.main.cluster == max(cluster, 1), where
     assert plan.main.grid == (rows * plan.splits * plan.head_blocks,), where
     if cluster:
-        assert plan.kernel == "wgmma_rr" and plan.splits == 2 and plan.combine is None, where
+        assert plan.kernel == ("wgmma_ws" if kv_fp8 else "wgmma_rr"), where
+        assert plan.splits == 2 and plan.combine is None, where
         assert not plan.main.kwargs["DIRECT"] and plan.main.grid[0] % cluster == 0, where
     else:
         assert (plan.combine is None) == (plan.splits == 1), where

@@ -147,28 +147,42 @@ def test_flashmla_reads_unpadded_q(heads, rows):
     check_unpadded_flashmla(rows, heads, 2048 + 29, pool=rows * 2048 + 4096, dtype=torch.bfloat16)
 
 
-@pytest.mark.parametrize("heads,rows,topk,dtype", [(64, 64, 2048, torch.bfloat16), (100, 24, 2077, torch.float16)])
-def test_flashmla_cluster_merge_replays_in_a_graph(heads, rows, topk, dtype):
+@pytest.mark.parametrize("heads,rows,topk,dtype,kv_fp8", [
+    (64, 64, 2048, torch.bfloat16, False), (100, 24, 2077, torch.float16, False),
+    (64, 64, 2048, torch.bfloat16, True), (100, 24, 2077, torch.float16, True),  # wgmma_ws's producer merges
+])
+def test_flashmla_cluster_merge_replays_in_a_graph(heads, rows, topk, dtype, kv_fp8):
     """Where flashmla's launch takes two splits (sm_90: they merge in a thread-block cluster, no
-    combine launch) a captured call replays with fresh inputs exactly as an eager call runs,
-    from a NaN-poisoned workspace each time, and matches the float64 reference."""
+    combine launch; FP8 tokens too) a captured call replays with fresh inputs exactly as an
+    eager call runs, from a NaN-poisoned workspace each time, and matches the float64
+    reference (of the dequantised cache with FP8 tokens)."""
+    from graphattn.common.kv_layout import quantize_kv
     from graphattn.common.metadata import GraphMetadata
+    from graphattn.common.platform import current_platform
     from graphattn.kernels import sparse_mla_flashmla, split_plan
     from graphattn.kernels.flashmla import plan_flashmla
+    from test_kernels_fp8 import check_fp8
 
-    md = GraphMetadata(rows, heads, topk, dtype, "cuda", **split_plan("flashmla", heads, topk).metadata_kwargs())
+    md = GraphMetadata(rows, heads, topk, dtype, "cuda",
+                       **split_plan("flashmla", heads, topk, kv_fp8=kv_fp8).metadata_kwargs())
     ws_out, ws_lse = md.workspace_for(rows)
-    plan = plan_flashmla(rows, heads, topk, ws_out.shape[1])
-    if torch.cuda.get_device_capability() == (9, 0) and plan.kernel == "wgmma_rr":
-        assert plan.main.cluster == 2 and plan.combine is None, f"[flashmla {heads}x{rows}] {plan.main!r}"
-    static = make_inputs(rows, heads, topk, pool=40_000, dtype=dtype, invalid_frac=0.1)
+    plan = plan_flashmla(rows, heads, topk, ws_out.shape[1], kv_fp8=kv_fp8)
+    if torch.cuda.get_device_capability() == (9, 0) and plan.kernel in ("wgmma_rr", "wgmma_ws"):
+        assert plan.main.cluster == 2 and plan.combine is None, f"[flashmla {heads}x{rows} fp8={kv_fp8}] {plan.main!r}"
+
+    fmt = current_platform().fp8_dtype
+
+    def inputs():
+        q, kv, idx = make_inputs(rows, heads, topk, pool=40_000, dtype=dtype, invalid_frac=0.1)
+        return q, quantize_kv(kv, fmt) if kv_fp8 else kv, idx
 
     def step(q, kv, idx):
         return sparse_mla_flashmla(q, kv, idx, SCALE, ws_out, ws_lse)
 
+    static = inputs()
     graph, g_out, g_lse = _capture(step, static)
     for trial in range(3):
-        fresh = make_inputs(rows, heads, topk, pool=40_000, dtype=dtype, invalid_frac=0.1)
+        fresh = inputs()
         for dst, src in zip(static, fresh):
             dst.copy_(src)
         ws_out.fill_(float("nan"))
@@ -180,7 +194,10 @@ def test_flashmla_cluster_merge_replays_in_a_graph(heads, rows, topk, dtype):
         ws_lse.fill_(float("nan"))
         e_out, e_lse = step(*fresh)
         torch.cuda.synchronize()
-        where = f"[flashmla {heads}x{rows}x{topk} {dtype} replay {trial}]"
+        where = f"[flashmla {heads}x{rows}x{topk} {dtype} fp8={kv_fp8} replay {trial}]"
         torch.testing.assert_close(r_out, e_out, atol=0, rtol=0, msg=lambda m: f"{where} out: {m}")
         torch.testing.assert_close(r_lse, e_lse, atol=0, rtol=0, msg=lambda m: f"{where} lse: {m}")
-    check_against_reference(f"flashmla {heads}x{rows} graph", *fresh, SCALE, r_out, r_lse)
+    if kv_fp8:
+        check_fp8(f"flashmla {heads}x{rows} graph", *fresh, SCALE, r_out, r_lse, None, fmt)
+    else:
+        check_against_reference(f"flashmla {heads}x{rows} graph", *fresh, SCALE, r_out, r_lse)

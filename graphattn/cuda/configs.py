@@ -61,7 +61,11 @@ _WGMMA_TILE = {"kernel": "wgmma_ws", "BLOCK_H": 64, "BLOCK_N": 64, "STAGES": 2, 
 # each tile dequantised in shared memory by both consumers (half its tokens each). It replaced an 8-warp kernel that
 # gathered, converted and computed in turn (kernels/wgmma_fp8.py up to 4011a35): 128 x 512 rows
 # 1582 -> 877 us, 64 x 64 110 -> 72, 16 x 512 784 -> 434 (docs/benchmarks.md).
-_WGMMA_FP8_TILE = {**_WGMMA_TILE, "KV_FP8": 1}
+# Where it takes two splits (64 heads x ~45-66 rows, 128 heads x ~23-33) they run as a
+# thread-block cluster and merge in the kernel, the producer doing the merge (cluster_merge:
+# graphattn.kernels.wgmma_ws's CLUSTER=2): 64 x 64 68.5 -> 67.3 us, 128 x 32 67.8 -> 66.4
+# (docs/benchmarks.md).
+_WGMMA_FP8_TILE = {**_WGMMA_TILE, "KV_FP8": 1, "cluster_merge": 1}
 # bf16/fp16 kv outside the wgmma_tn and tokens-major shapes (above 32 heads, and 17-32 heads
 # below TN_MIN_ROWS): FlashMLA's round schedule (graphattn.kernels.wgmma_rr: rounds of
 # two 64-token tiles, one per consumer, both scores at once, each P V fed from registers; BLOCK_N

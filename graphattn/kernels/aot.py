@@ -117,8 +117,8 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
                         variants.append(("bf16", {"DIRECT": True}))
                     if "LAUNCH_DEPENDENTS" in names and _combine_pdl(target):
                         variants.append(("bf16", {**kv, "LAUNCH_DEPENDENTS": 1}))
-                    if "CLUSTER" in names and cfg.get("cluster_merge") and not kv:
-                        variants.append(("bf16", {"CLUSTER": 2}))  # two splits merged by a cluster
+                    if "CLUSTER" in names and cfg.get("cluster_merge"):
+                        variants.append(("bf16", {**kv, "CLUSTER": 2}))  # two splits merged by a cluster
                 for dtype, extra in variants:
                     job = (kernel, target, {**meta, **extra}, opts, dtype)
                     key = json.dumps(job, sort_keys=True)

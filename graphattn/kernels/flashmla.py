@@ -97,7 +97,8 @@ GLUON_KERNELS = {
 
 
 # Gluon kernels whose two splits of a (row, head block) can run as a thread-block cluster and
-# merge in the kernel (``CLUSTER=2``), where the launch setting says ``cluster_merge``.
+# merge in the kernel (``CLUSTER=2``), where the launch setting says ``cluster_merge`` (sm_90:
+# wgmma_rr's, and wgmma_ws's for FP8 tokens).
 CLUSTER_MERGE_KERNELS = ("wgmma_rr", "wgmma_ws")
 
 

@@ -93,6 +93,9 @@ GATHER_N = gl.constexpr(gl.BlockedLayout(
     size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4, 1], order=[1, 0]))
 GATHER_R = gl.constexpr(gl.BlockedLayout(
     size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0]))
+# Rows a pass of the producer's cluster merge (_producer_merge; it has 40 registers): 4 measured
+# 1% faster than 8 at FP8 64 x 64 and 128 x 32 (docs/benchmarks.md), both spilling a little there.
+MERGE_ROWS = gl.constexpr(4)
 # Shared-memory views of another dtype: ``reinterpret`` from triton 3.7 on, ``_reinterpret`` before.
 _NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
@@ -425,17 +428,7 @@ def _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws
     half of that column range and its lse from L2, and stores the merged output (``stat_w``:
     ``[BLOCK_H]`` f32 shared memory free by now, for the merge's row weights)."""
     HALF: gl.constexpr = D_NOPE // 2
-    OTHER: gl.constexpr = 1 - WG
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    stat_l.index(WG).store(l)
-    _cta_barrier()
-    mbarrier.arrive(l_ready.index(WG))
-    mbarrier.wait(l_ready.index(OTHER), 0)
-    l = l + stat_l.index(OTHER).load(row_s)
-
-    empty = l == 0.0
-    lse = gl.where(empty, float("-inf"), (m + gl.log2(gl.where(empty, 1.0, l))) * 0.6931471805599453)
-    out = acc / gl.convert_layout(gl.where(empty, 1.0, l), row_o)[:, None]
+    out, lse = _normalised(acc, m, l, stat_l, l_ready, row_s, o_layout, WG)
     h_s = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_s)
     # Both consumers are past their last scores (the sums' exchange above), so q's shared
     # memory is free: the final output goes through it, out to memory a whole row per warp.
@@ -460,14 +453,34 @@ def _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws
 
 
 @gluon.jit
+def _normalised(acc, m, l, stat_l, l_ready, row_s: gl.constexpr, o_layout: gl.constexpr, WG: gl.constexpr):
+    """Consumer ``WG``'s ``(out, lse)`` at its loop's end: its row sum ``l`` plus the other
+    consumer's (both at the row max ``m``, exchanged through ``stat_l``), ``acc`` ``[BLOCK_H,
+    256]`` divided by it, and the rows' lse (``-inf`` and a zero output where nothing valid was
+    seen)."""
+    OTHER: gl.constexpr = 1 - WG
+    stat_l.index(WG).store(l)
+    _cta_barrier()
+    mbarrier.arrive(l_ready.index(WG))
+    mbarrier.wait(l_ready.index(OTHER), 0)
+    l = l + stat_l.index(OTHER).load(row_s)
+    empty = l == 0.0
+    lse = gl.where(empty, float("-inf"), (m + gl.log2(gl.where(empty, 1.0, l))) * 0.6931471805599453)
+    out = acc / gl.convert_layout(gl.where(empty, 1.0, l), gl.SliceLayout(1, o_layout))[:, None]
+    return out, lse
+
+
+@gluon.jit
 def _f32_rows(buf, ROWS: gl.constexpr, CHUNK: gl.constexpr, WIDTH: gl.constexpr):
     """``buf`` (a 64 KB ``[64, 512]`` 16-bit tile) as f32 ``[ROWS // CHUNK, CHUNK, WIDTH]``
     (the layout is one chunk's; row ``r``'s 16-byte groups are swizzled by ``r % 4``, so every
     ``CHUNK`` that is a multiple of 4 sees the same bytes in the same places)."""
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=4, order=[1, 0])
     if _NEW_REINTERPRET:
-        return buf.reinterpret(gl.float32, [ROWS // CHUNK, CHUNK, WIDTH], flat)
-    return buf._reinterpret(gl.float32, [ROWS // CHUNK, CHUNK, WIDTH], flat)
+        view = buf.reinterpret(gl.float32, [ROWS // CHUNK, CHUNK, WIDTH], flat)
+    else:
+        view = buf._reinterpret(gl.float32, [ROWS // CHUNK, CHUNK, WIDTH], flat)
+    return view
 
 
 @gluon.jit
@@ -479,19 +492,11 @@ def _stage_for_merge(acc, m, l, stat_l, l_ready, k_nope, stat_m, o_ready, row_s:
     ``stat_m[0]``, then ``o_ready`` and its arrival on the cluster barrier. The producer merges
     (:func:`_producer_merge`): the merge in the consumers made ptxas spill ~460 B in their KV
     loop."""
-    OTHER: gl.constexpr = 1 - WG
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    stat_l.index(WG).store(l)
-    _cta_barrier()
-    mbarrier.arrive(l_ready.index(WG))
-    mbarrier.wait(l_ready.index(OTHER), 0)
-    l = l + stat_l.index(OTHER).load(row_s)
-    empty = l == 0.0
-    out = acc / gl.convert_layout(gl.where(empty, 1.0, l), row_o)[:, None]
+    out, lse = _normalised(acc, m, l, stat_l, l_ready, row_s, o_layout, WG)
     HALF: gl.constexpr = D_NOPE // 2
     _f32_rows(k_nope.index(WG), BLOCK_H, BLOCK_H, HALF).index(0).store(out)
     if WG == 0:
-        stat_m.index(0).store(gl.where(empty, float("-inf"), (m + gl.log2(gl.where(empty, 1.0, l))) * 0.6931471805599453))
+        stat_m.index(0).store(lse)
     _cta_barrier()
     mbarrier.arrive(o_ready)
     _cluster_arrive(0)
@@ -515,15 +520,14 @@ def _producer_merge(q_nope, k_nope, stat_m, wts, out_ptr, lse_ptr, ws_out_ptr, w
     rows_l: gl.constexpr = gl.SliceLayout(1, layout)
     vec_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[4],
                                            order=[0])
-    send = 1 - split
+    # The peer is split 1 - s; the half it finishes is my consumer 1 - s's (columns 256 (1 - s)).
     peer = 1 - split
     d = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
     w_row = ws_out_ptr + row.to(gl.int64) * stride_wr
-    # my other half and the lse, for the peer
-    sent = _f32_rows(k_nope.index(send), BLOCK_H, CHUNK, HALF)
+    sent = _f32_rows(k_nope.index(peer), BLOCK_H, CHUNK, HALF)
     for c in range(0, NCH):
         h = hb * BLOCK_H + c * CHUNK + gl.arange(0, CHUNK, layout=rows_l)
-        gl.store(w_row + split * stride_ws + h[:, None] * stride_wh + (send * HALF + d)[None, :],
+        gl.store(w_row + split * stride_ws + h[:, None] * stride_wh + (peer * HALF + d)[None, :],
                  sent.index(c).load(layout), mask=(h < H)[:, None])
     h_v = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=vec_l)
     lse_me = stat_m.index(0).load(vec_l)
@@ -697,12 +701,16 @@ def _flashmla_ws_kernel(
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     STAGES: gl.constexpr, DIRECT: gl.constexpr, KV_FP8: gl.constexpr = 0, LAUNCH_DEPENDENTS: gl.constexpr = 0,
-    CLUSTER: gl.constexpr = 0, MERGE_ROWS: gl.constexpr = 4,
+    CLUSTER: gl.constexpr = 0,
 ):
     """Arguments, grid and outputs as ``_flashmla_split_kernel`` (graphattn.kernels.flashmla);
     launch with ``num_warps=4`` and ``maxnreg=168`` (12 warps run: producer, two consumers).
     ``KV_FP8=1``: ``kv_ptr`` holds 656-byte e4m3fn tokens ``[pool, 656]`` uint8 (``stride_kv``
-    in bytes, a multiple of 16), dequantised to q's dtype by the two consumers, half the tokens each."""
+    in bytes, a multiple of 16), dequantised to q's dtype by the two consumers, half the tokens each.
+    ``CLUSTER=2`` (two splits): the splits of a (row, head block) are consecutive programs,
+    launched as a thread-block cluster of two (``graphattn.kernels.launch.Launch``), and merge
+    their partials in the kernel, the producer doing it (``_stage_for_merge``,
+    ``_producer_merge``): ``out``/``lse`` are final, no combine follows."""
     gl.static_assert(BLOCK_H == 64, "one wgmma M tile of heads per program")
     gl.static_assert(BLOCK_N == 64, "P [64 heads, BLOCK_N] reuses a tile's [BLOCK_N, 64] rope columns")
     gl.static_assert(D_ROPE == BLOCK_N, "P [64 heads, BLOCK_N] reuses a tile's [BLOCK_N, 64] rope columns")
