@@ -57,8 +57,9 @@ def test_regression_shapes_reach_every_gluon_kernel_on_sm90():
     ran = set()
     for case in fuzz.regression_cases(["flashmla"]):
         q, kv, _ = fuzz.make_inputs(case, torch.device("cpu"))  # its layouts: aligned or not
-        ran.add(fuzz.kernel_label(case, q, kv, h200))  # the label the GPU sweep prints
-    assert {"wgmma_rr+cluster", "wgmma_rr", "wgmma_ws", "wgmma_tn"} <= ran, sorted(ran)
+        fp8 = " fp8" if case.kv_dtype == fuzz.KV_FP8 else ""
+        ran.add(fuzz.kernel_label(case, q, kv, h200) + fp8)  # the label the GPU sweep prints
+    assert {"wgmma_rr+cluster", "wgmma_rr", "wgmma_ws", "wgmma_tn", "wgmma_ws+cluster fp8"} <= ran, sorted(ran)
 
 
 def test_draws_reach_the_edges():
