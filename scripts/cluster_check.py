@@ -10,8 +10,8 @@ cases add NaN in every unselected token, an all-invalid row, an empty second spl
 masked heads (70, 100), many waves of clusters (two splits forced at 200-257 rows) and 656-byte FP8
 tokens (``fp8``: ``wgmma_ws``, whose producer merges). Prints one
 JSON line per case, then ``ALL OK`` (exit 0) or ``FAILED n``. ``mem``: two small cluster cases,
-for ``compute-sanitizer --tool memcheck``. ``race``: one launch for ``compute-sanitizer --tool
-racecheck`` (see :func:`racecheck_launch`).
+for ``compute-sanitizer --tool memcheck``. ``race``: one launch of each merge (bf16 and FP8 tokens) for
+``compute-sanitizer --tool racecheck`` (see :func:`racecheck_launch`).
 """
 from __future__ import annotations
 
@@ -132,24 +132,25 @@ def without_cluster_barrier() -> None:
     launch.Launch.cluster = property(lambda self: 1)
 
 
-def racecheck_launch(rows: int = 24, heads: int = 64, topk: int = 512) -> None:
-    """One launch of the cluster merge's code for ``compute-sanitizer --tool racecheck``, which
-    did not finish on a cluster launch even of two CTAs (150 s), while the same code launched
-    without clusters did not finish even without the tool (240 s; why was not found, the
-    ``barrier.cluster`` outside a cluster launch being one candidate):
-    :func:`without_cluster_barrier`, then two splits forced. Racecheck
-    checks shared memory, all of it CTA-local here (the staging in q's shared memory, the row
-    weights; the hand-off between the two CTAs goes through global memory, ordered by the
-    barrier left out). Prints ``launched`` with the plan."""
+def racecheck_launch(rows: int = 24, heads: int = 64, topk: int = 512, fp8: bool = False) -> None:
+    """One launch of the cluster merge's code (``fp8``: ``wgmma_ws``'s, on 656-byte tokens; else
+    ``wgmma_rr``'s) for ``compute-sanitizer --tool racecheck``, which did not finish on a cluster
+    launch even of two CTAs (150 s), while the same code launched without clusters did not finish
+    even without the tool (240 s): :func:`without_cluster_barrier` (with it, both finish), then
+    two splits forced. Racecheck checks shared memory, all of it CTA-local here (the staging in
+    q's shared memory, the row weights; the hand-off between the two CTAs goes through global
+    memory, ordered by the barrier left out). Prints ``launched`` with the plan."""
     without_cluster_barrier()
     with current_platform().launch_table.override("flashmla", max_splits=2, target_programs=10**6):
         clear_launch_plans()
         q = torch.randn(rows, heads, 576, device="cuda").bfloat16()
         kv = torch.randn(POOL, 576, device="cuda").bfloat16()
+        if fp8:
+            kv = quantize_kv(kv)
         idx = torch.randint(0, POOL, (rows, topk), device="cuda", dtype=torch.int32)
         ws_out = torch.zeros(rows, 2, heads, 512, device="cuda")
         ws_lse = torch.zeros(rows, 2, heads, device="cuda")
-        plan = plan_flashmla(rows, heads, topk, 2)
+        plan = plan_flashmla(rows, heads, topk, 2, kv_fp8=fp8)
         bind_flashmla(plan, idx, 1 / math.sqrt(576), ws_out, ws_lse)(q, kv)
         torch.cuda.synchronize()
         print(f"launched {plan.kernel} CLUSTER={plan.main.kwargs.get('CLUSTER')} without clusters", flush=True)
@@ -158,6 +159,7 @@ def racecheck_launch(rows: int = 24, heads: int = 64, topk: int = 512) -> None:
 if __name__ == "__main__":
     if sys.argv[1:] == ["race"]:
         racecheck_launch()
+        racecheck_launch(fp8=True)
         sys.exit(0)
     cases = MEM_CASES if sys.argv[1:] == ["mem"] else CASES
     bad = sum(not case(**c) for c in cases)

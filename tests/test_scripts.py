@@ -138,26 +138,30 @@ def test_dsmem_probe_compiles_for_sm90_and_its_offsets_are_the_allocators():
 
 def test_cluster_check_race_mode_compiles_the_merge_without_the_cluster_barrier():
     """scripts/cluster_check.py's racecheck mode (no GPU here: the compile only): after
-    ``without_cluster_barrier`` wgmma_rr's CLUSTER=2 kernel compiles for sm_90 with no
-    ``barrier.cluster`` left; without it, it has them (one subprocess each, as the mode runs:
-    Triton memoises a kernel's key once it compiled it, and Gluon compiles outside the
-    interpreter)."""
+    ``without_cluster_barrier`` the CLUSTER=2 kernels of wgmma_rr (bf16) and wgmma_ws (FP8
+    tokens) compile for sm_90 with no ``barrier.cluster`` left; without it, they have them (one
+    subprocess each way, as the mode runs: Triton memoises a kernel's key once it compiled it, and
+    Gluon compiles outside the interpreter)."""
     import subprocess
 
-    def count(patched: bool) -> int:
+    def counts(patched: bool) -> dict[str, int]:
         code = (
             "import sys; sys.path.insert(0, 'scripts')\n"
             "from graphattn.kernels import aot\n"
             "import cluster_check\n"
             f"if {patched}:\n"
             "    cluster_check.without_cluster_barrier()\n"
-            "job = next(j for j in aot.jobs(['sm90']) if j[0] == 'flashmla_wgmma_rr' and j[2].get('CLUSTER') == 2)\n"
-            "print('count', aot.compile_job(job).asm['ptx'].count('barrier.cluster'))\n")
+            "for name in ('flashmla_wgmma_rr', 'flashmla_wgmma_ws'):\n"
+            "    job = next(j for j in aot.jobs(['sm90']) if j[0] == name and j[2].get('CLUSTER') == 2)\n"
+            "    print('count', name, aot.compile_job(job).asm['ptx'].count('barrier.cluster'))\n")
         env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
         run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                             timeout=600)
+                             timeout=900)
         assert run.returncode == 0, run.stderr[-3000:]
-        return int(next(x for x in run.stdout.splitlines() if x.startswith("count ")).split()[1])
+        lines = [x.split() for x in run.stdout.splitlines() if x.startswith("count ")]
+        return {name: int(n) for _, name, n in lines}
 
-    assert count(False) > 0
-    assert count(True) == 0
+    before, after = counts(False), counts(True)
+    assert set(before) == set(after) == {"flashmla_wgmma_rr", "flashmla_wgmma_ws"}
+    assert all(n > 0 for n in before.values()), before
+    assert all(n == 0 for n in after.values()), after
