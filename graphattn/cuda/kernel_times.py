@@ -11,7 +11,8 @@ kernel's one-split output stored through shared memory; 19ed657, q loaded by its
 and 8192) on 2026-12-01 (session 2) in the A/B of the cluster merge (4182420: two splits merged in
 the kernel). FP8 (656-byte tokens):
 the same table with ``--kv-dtype fp8`` (docs/benchmarks.md, "FP8 kernel table"), its flashmla
-column again on 2026-12-01 at 7c902cc (each tile dequantised by both consumers).
+column again on 2026-12-01 at 7c902cc (each tile dequantised by both consumers) and on 2026-12-01
+(session 3) at 8086c3c (``wgmma_ws``'s two splits merged in a cluster by its producer).
 """
 
 from __future__ import annotations
@@ -45,23 +46,23 @@ H200_US_FP8: dict[tuple[int, int, int], dict[str, float]] = {
     (16, 1, 2048): {"flashmla": 9.9, "trtllm": 37.6, "mega": 243.5},
     (16, 8, 2048): {"flashmla": 15.6, "trtllm": 39.4, "mega": 250.2},
     (16, 64, 2048): {"flashmla": 53.9, "trtllm": 171.1, "mega": 251.6},
-    (16, 512, 2048): {"flashmla": 360.4, "trtllm": 958.0, "mega": 986.8},
-    (32, 1, 2048): {"flashmla": 10.9, "trtllm": 55.0, "mega": 312.5},
-    (32, 8, 2048): {"flashmla": 19.1, "trtllm": 58.1, "mega": 310.7},
-    (32, 64, 2048): {"flashmla": 61.4, "trtllm": 171.8, "mega": 306.5},
-    (32, 512, 2048): {"flashmla": 410.7, "trtllm": 918.6, "mega": 919.0},
-    (64, 1, 2048): {"flashmla": 12.2, "trtllm": 56.2, "mega": 308.3},
-    (64, 8, 2048): {"flashmla": 23.4, "trtllm": 58.8, "mega": 309.7},
-    (64, 64, 2048): {"flashmla": 71.3, "trtllm": 238.8, "mega": 306.5},
-    (64, 512, 2048): {"flashmla": 428.7, "trtllm": 1794.8, "mega": 1797.8},
+    (16, 512, 2048): {"flashmla": 361.1, "trtllm": 958.0, "mega": 986.8},
+    (32, 1, 2048): {"flashmla": 10.8, "trtllm": 55.0, "mega": 312.5},
+    (32, 8, 2048): {"flashmla": 19.2, "trtllm": 58.1, "mega": 310.7},
+    (32, 64, 2048): {"flashmla": 61.6, "trtllm": 171.8, "mega": 306.5},
+    (32, 512, 2048): {"flashmla": 411.0, "trtllm": 918.6, "mega": 919.0},
+    (64, 1, 2048): {"flashmla": 12.1, "trtllm": 56.2, "mega": 308.3},
+    (64, 8, 2048): {"flashmla": 23.6, "trtllm": 58.8, "mega": 309.7},
+    (64, 64, 2048): {"flashmla": 67.4, "trtllm": 238.8, "mega": 306.5},
+    (64, 512, 2048): {"flashmla": 416.1, "trtllm": 1794.8, "mega": 1797.8},
     (128, 1, 2048): {"flashmla": 13.1, "trtllm": 57.2, "mega": 305.8},
-    (128, 8, 2048): {"flashmla": 28.9, "trtllm": 108.4, "mega": 303.2},
-    (128, 64, 2048): {"flashmla": 109.0, "trtllm": 450.0, "mega": 450.9},
-    (128, 512, 2048): {"flashmla": 839.9, "trtllm": 3482.0, "mega": 3491.0},
-    (16, 64, 8192): {"flashmla": 181.8, "trtllm": 629.8, "mega": 986.5},
-    (64, 64, 8192): {"flashmla": 217.6, "trtllm": 896.7, "mega": 1193.9},
-    (128, 64, 8192): {"flashmla": 398.3, "trtllm": 1767.3, "mega": 1764.7},
-    (16, 8, 32768): {"flashmla": 97.0, "trtllm": 474.4, "mega": 3967.4},
-    (64, 8, 32768): {"flashmla": 118.8, "trtllm": 613.1, "mega": 4905.9},
-    (128, 8, 32768): {"flashmla": 213.7, "trtllm": 1423.7, "mega": 4771.7},
+    (128, 8, 2048): {"flashmla": 28.8, "trtllm": 108.4, "mega": 303.2},
+    (128, 64, 2048): {"flashmla": 106.6, "trtllm": 450.0, "mega": 450.9},
+    (128, 512, 2048): {"flashmla": 813.5, "trtllm": 3482.0, "mega": 3491.0},
+    (16, 64, 8192): {"flashmla": 181.4, "trtllm": 629.8, "mega": 986.5},
+    (64, 64, 8192): {"flashmla": 209.6, "trtllm": 896.7, "mega": 1193.9},
+    (128, 64, 8192): {"flashmla": 384.9, "trtllm": 1767.3, "mega": 1764.7},
+    (16, 8, 32768): {"flashmla": 96.6, "trtllm": 474.4, "mega": 3967.4},
+    (64, 8, 32768): {"flashmla": 116.4, "trtllm": 613.1, "mega": 4905.9},
+    (128, 8, 32768): {"flashmla": 205.5, "trtllm": 1423.7, "mega": 4771.7},
 }
