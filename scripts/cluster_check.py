@@ -45,14 +45,14 @@ CASES = [
     dict(rows=64, heads=64, topk=2048, cluster_merge=0),  # the same shape through the combine
     # 656-byte FP8 tokens: wgmma_ws, whose producer merges
     dict(rows=64, heads=64, topk=2048, special="fp8"),
-    dict(rows=24, heads=100, topk=2077, dtype=torch.float16, special="fp8 nan emptyrow"),
+    dict(rows=28, heads=100, topk=2077, dtype=torch.float16, special="fp8 nan emptyrow"),
     dict(rows=32, heads=128, topk=2048, special="fp8 emptysplit"),
     dict(rows=200, heads=64, topk=2077, special="fp8", max_splits=2, target_programs=10**6),
     dict(rows=64, heads=64, topk=2048, special="fp8", cluster_merge=0),
 ]
 MEM_CASES = [dict(rows=24, heads=100, topk=2077, special="emptyrow"),
              dict(rows=80, heads=64, topk=1024, max_splits=2, target_programs=10**6),
-             dict(rows=24, heads=100, topk=2077, special="fp8 emptyrow")]
+             dict(rows=28, heads=100, topk=2077, special="fp8 emptyrow")]
 
 
 def case(rows: int, heads: int, topk: int, dtype: torch.dtype = torch.bfloat16, special: str = "",
@@ -132,7 +132,7 @@ def without_cluster_barrier() -> None:
     launch.Launch.cluster = property(lambda self: 1)
 
 
-def racecheck_launch(rows: int = 24, heads: int = 64, topk: int = 512, fp8: bool = False) -> None:
+def racecheck_launch(rows: int = 56, heads: int = 64, topk: int = 512, fp8: bool = False) -> None:
     """One launch of the cluster merge's code (``fp8``: ``wgmma_ws``'s, on 656-byte tokens; else
     ``wgmma_rr``'s) for ``compute-sanitizer --tool racecheck``, which did not finish on a cluster
     launch even of two CTAs (150 s), while the same code launched without clusters hung at its
@@ -151,6 +151,8 @@ def racecheck_launch(rows: int = 24, heads: int = 64, topk: int = 512, fp8: bool
         ws_out = torch.zeros(rows, 2, heads, 512, device="cuda")
         ws_lse = torch.zeros(rows, 2, heads, device="cuda")
         plan = plan_flashmla(rows, heads, topk, 2, kv_fp8=fp8)
+        if plan.main.kwargs.get("CLUSTER") != 2:
+            raise SystemExit(f"{plan.kernel} at {heads}x{rows}x{topk} does not plan the cluster merge")
         bind_flashmla(plan, idx, 1 / math.sqrt(576), ws_out, ws_lse)(q, kv)
         torch.cuda.synchronize()
         print(f"launched {plan.kernel} CLUSTER={plan.main.kwargs.get('CLUSTER')} without clusters", flush=True)

@@ -8,7 +8,7 @@ alternating, each in a fresh process of at most 150 s. A variant is ``base`` (no
 ``KEY=VALUE`` pairs joined by commas (ints where they parse); ``PTX_L2_PREFETCH=128`` or ``256``
 is no launch setting but a PTX rewrite giving the kernels' ``cp.async`` copies that L2 prefetch
 size. ``--kv-fp8``: 656-byte FP8 tokens. A process first checks launches at topk 2077 where the
-kernel runs (:func:`checks_for`: by default 128 heads x 257 rows in one split and x 24 rows in
+kernel runs (:func:`checks_for`: by default 128 heads x 257 rows in one split and x 28 rows in
 several; indices out of range included, outputs NaN-poisoned) against the float64 reference (of
 the dequantised cache with FP8) and exits 1 if one is off or runs another kernel than the
 variant's ``kernel`` (default ``--kernel``); then it prints one JSON line per shape, refusing
@@ -29,7 +29,7 @@ import sys
 # splits (and its combine); wgmma_tn's at its 16 and 32 heads, wgmma_ws's where bf16 kv runs it.
 CHECKS = {"wgmma_tn": ((257, 16, 2077), (24, 16, 2077), (257, 32, 2077), (64, 32, 2077)),
           "wgmma_ws": ((1, 128, 2077), (2, 64, 2077))}
-DEFAULT_CHECKS = ((257, 128, 2077), (24, 128, 2077))
+DEFAULT_CHECKS = ((257, 128, 2077), (28, 128, 2077))
 SHAPES = ["128x64x2048", "128x512x2048", "128x64x8192", "64x64x2048", "64x512x2048", "64x128x2048",
           "128x8x2048", "32x8x2048"]
 

@@ -404,20 +404,26 @@ def test_sm90_wgmma_splits_fill_whole_waves(monkeypatch, rows, heads, topk, want
     (512, 128, 2048, False, {}, 0),  # one split: direct
     (64, 64, 2048, True, {}, 2),  # FP8 tokens: wgmma_ws's producer merges them
     (32, 128, 2048, True, {}, 2),
+    (28, 128, 2048, True, {}, 2),  # 112 CTAs: at least 0.75 of the SMs (FP8's cluster_min_fill)
+    (52, 64, 2048, True, {}, 2),  # 104 CTAs
+    (24, 128, 2048, True, {}, 0),  # 96 CTAs: partials and the combine, measured faster there
+    (24, 128, 2048, False, {}, 2),  # bf16 (wgmma_rr) merges at any fill
     (64, 64, 2048, True, {"cluster_merge": 0}, 0),
     (8, 64, 2048, True, {}, 0),  # more splits: the combine
 ])
 def test_sm90_two_splits_merge_in_a_cluster(monkeypatch, rows, heads, topk, kv_fp8, override, cluster):
     """Where wgmma_rr's launch (or wgmma_ws's with FP8 tokens) takes two splits, the plan runs
     them as thread-block clusters of two (``CLUSTER=2``: consecutive programs,
-    ``Launch.cluster``) that merge in the kernel, with no combine launch; everywhere else the
-    plan is unchanged."""
+    ``Launch.cluster``) that merge in the kernel, with no combine launch (with FP8 tokens only
+    where the launch fills at least 0.75 of an H200's 132 SMs); everywhere else the plan is
+    unchanged."""
     from graphattn.kernels.flashmla import plan_flashmla
     from graphattn.kernels.launch import clear_launch_plans
 
     cuda_configs = _use_sm90_settings(monkeypatch)
     if not cuda_configs.gluon_available():
         pytest.skip("this triton has no Gluon Hopper dialect")
+    monkeypatch.setattr(type(current_platform()), "num_compute_units", lambda self: cuda_configs.SM90_SMS)
     for key, value in override.items():
         monkeypatch.setitem(cuda_configs._WGMMA_FP8_TILE if kv_fp8 else cuda_configs._WGMMA_RR_TILE, key, value)
     clear_launch_plans()

@@ -63,9 +63,13 @@ _WGMMA_TILE = {"kernel": "wgmma_ws", "BLOCK_H": 64, "BLOCK_N": 64, "STAGES": 2, 
 # 1582 -> 877 us, 64 x 64 110 -> 72, 16 x 512 784 -> 434 (docs/benchmarks.md).
 # Where it takes two splits (64 heads x ~45-66 rows, 128 heads x ~23-33) they run as a
 # thread-block cluster and merge in the kernel, the producer doing the merge (cluster_merge:
-# graphattn.kernels.wgmma_ws's CLUSTER=2): 64 x 64 68.5 -> 67.3 us, 128 x 32 67.8 -> 66.4
-# (docs/benchmarks.md).
-_WGMMA_FP8_TILE = {**_WGMMA_TILE, "KV_FP8": 1, "cluster_merge": 1}
+# graphattn.kernels.wgmma_ws's CLUSTER=2) where the launch's CTAs fill at least 0.75 of the SMs
+# (cluster_min_fill). The cluster merge against partials + the combine, one H200 call (us,
+# docs/benchmarks.md), by CTAs: 92 (128 x 23) 64.6 vs 63.2, 96 (128 x 24) 65.3 vs 64.3 and
+# (64 x 48) 66.0 vs 65.8, 104 (128 x 26) 65.7 vs 65.3 and (64 x 52) 66.2 vs 66.5 (66.1 vs 66.8
+# in another call), 112 (128 x 28) 66.0 vs 66.5, 120 (64 x 60) 67.1 vs 68.8, 132 (64 x 66)
+# 68.3 vs 70.2.
+_WGMMA_FP8_TILE = {**_WGMMA_TILE, "KV_FP8": 1, "cluster_merge": 1, "cluster_min_fill": 0.75}
 # bf16/fp16 kv outside the wgmma_tn and tokens-major shapes (above 32 heads, and 17-32 heads
 # below TN_MIN_ROWS): FlashMLA's round schedule (graphattn.kernels.wgmma_rr: rounds of
 # two 64-token tiles, one per consumer, both scores at once, each P V fed from registers; BLOCK_N

@@ -98,7 +98,8 @@ GLUON_KERNELS = {
 
 # Gluon kernels whose two splits of a (row, head block) can run as a thread-block cluster and
 # merge in the kernel (``CLUSTER=2``), where the launch setting says ``cluster_merge`` (sm_90:
-# wgmma_rr's, and wgmma_ws's for FP8 tokens).
+# wgmma_rr's, and wgmma_ws's for FP8 tokens) and the launch's CTAs fill at least the fraction
+# ``cluster_min_fill`` (default 0) of the compute units.
 CLUSTER_MERGE_KERNELS = ("wgmma_rr", "wgmma_ws")
 
 
@@ -157,7 +158,9 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
         meta["DOT_F32"] = platform.uses_triton_interpreter
         meta["KV_FP8"] = kv_fp8_constexpr(platform, kv_fp8)
     head_blocks = cdiv(heads, meta["BLOCK_H"])
-    if splits == 2 and cfg.get("cluster_merge") and name in CLUSTER_MERGE_KERNELS:
+    ctas = rows * splits * head_blocks
+    if (splits == 2 and cfg.get("cluster_merge") and name in CLUSTER_MERGE_KERNELS
+            and ctas >= cfg.get("cluster_min_fill", 0) * platform.num_compute_units()):
         meta["CLUSTER"] = 2  # the two splits merge in the kernel, as a cluster: no combine launch
     combine = None
     if splits > 1 and not meta.get("CLUSTER"):
@@ -168,7 +171,7 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
         # programs leave idle, once every split program has started (they say so first thing).
         if cmeta.get("PDL"):
             meta.setdefault("LAUNCH_DEPENDENTS", 1)
-    main = make_launch(kernel, (rows * splits * head_blocks,), D_NOPE=D_V, D_ROPE=D_ROPE,
+    main = make_launch(kernel, (ctas,), D_NOPE=D_V, D_ROPE=D_ROPE,
                        DIRECT=splits == 1, **meta, **opts)
     return LaunchPlan(FLASHMLA, rows, heads, topk, splits, split_len, head_blocks, name, main, combine)
 
