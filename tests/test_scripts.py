@@ -165,3 +165,44 @@ def test_cluster_check_race_mode_compiles_the_merge_without_the_cluster_barrier(
     assert set(before) == set(after) == {"flashmla_wgmma_rr", "flashmla_wgmma_ws"}
     assert all(n > 0 for n in before.values()), before
     assert all(n == 0 for n in after.values()), after
+
+
+def _racecheck_log(pairs, summary=True) -> str:
+    """A racecheck log in compute-sanitizer's format: one hazard per ``((file, line), (file, line))``."""
+    lines = ["========= COMPUTE-SANITIZER"]
+    for (fa, la), (fb, lb) in pairs:
+        lines += [f"========= Error: Race reported between Write access at _flashmla_ws_kernel+0x35d0 in {fa}:{la}",
+                  f"=========     and Read access at _flashmla_ws_kernel+0xe830 in {fb}:{lb} [128 hazards]",
+                  "========= "]
+    if summary:
+        lines.append(f"========= RACECHECK SUMMARY: {len(pairs)} hazards displayed ({len(pairs)} errors, 0 warnings)")
+    return "\n".join(lines) + "\n"
+
+
+def test_racecheck_triage_knows_each_mbarrier_hand_off_and_fails_on_a_new_one(tmp_path):
+    """scripts/racecheck_triage.py: every hand-off it lists as known is still in the kernels' source
+    (an edit to one of those statements fails here, so the list is reviewed again); a log of those
+    hazards (at their current lines) and of the kernels' first lines passes, and a hazard between
+    any other two statements, or a log racecheck did not finish, fails."""
+    triage = _load("racecheck_triage")
+    where = {}  # (function, statement) -> (file, line), from the kernels as committed
+    for path in sorted(triage.KERNELS.glob("wgmma*.py")):
+        for first, last, func, text in triage._statements(path.name)[0]:
+            where.setdefault((func, text), (path.name, last))
+    known = [tuple(pair) for pair in triage.KNOWN]
+    missing = {s for pair in known for s in pair if s not in where}
+    assert not missing, f"racecheck_triage.KNOWN names statements no kernel has any more: {missing}"
+    pairs = [(where[a], where[b]) for a, b in known]
+    header = next((path.name, first + 1) for path in [triage.KERNELS / "wgmma_ws.py"]
+                  for first, last, func in triage._statements(path.name)[1] if func == "_flashmla_ws_kernel")
+    pairs.append((header, header))
+
+    def run(text):
+        log = tmp_path / "racecheck.log"
+        log.write_text(text)
+        return triage.main([str(log)])
+
+    assert run(_racecheck_log(pairs)) == 0
+    new = (where[("_producer_merge", "_async_copy.wait_group(0)")], where[known[0][0]])
+    assert run(_racecheck_log(pairs + [new])) == 1
+    assert run(_racecheck_log(pairs, summary=False)) == 1
