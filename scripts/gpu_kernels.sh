@@ -17,9 +17,10 @@ tail -3 "$OUT/pytest_kernels_gpu.log"
 # flashmla runs three times: 64 rows (on sm_90 the round-schedule Gluon kernel, wgmma_rr), 3 rows
 # (too few programs for it: the warp-specialised wgmma_ws) and 1 row (the tokens-major KV_MAJOR
 # Triton tile). Both Gluon kernels also run under synccheck (their warpgroups meet at named
-# barriers and mbarriers). Not racecheck: it does not follow mbarrier ordering and
+# barriers and mbarriers). Not racecheck here: it does not follow mbarrier ordering and
 # reports hazards between accesses an mbarrier orders, inside Triton's own warp-specialisation
-# code too (docs/benchmarks.md, "warp-specialised kernel").
+# code too (docs/benchmarks.md, "warp-specialised kernel"); scripts/gpu_racecheck.sh runs it
+# and sorts those from new ones (scripts/racecheck_triage.py).
 call="$(mktemp --suffix=.py)"
 cat >"$call" <<'PY'
 import sys, torch

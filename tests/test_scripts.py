@@ -206,3 +206,24 @@ def test_racecheck_triage_knows_each_mbarrier_hand_off_and_fails_on_a_new_one(tm
     new = (where[("_producer_merge", "_async_copy.wait_group(0)")], where[known[0][0]])
     assert run(_racecheck_log(pairs + [new])) == 1
     assert run(_racecheck_log(pairs, summary=False)) == 1
+
+
+def test_racecheck_kernels_plan_each_gluon_kernel_on_sm90():
+    """scripts/racecheck_kernels.py's cases plan, on an H200, the kernel each names, in one split
+    and in several, with bf16 kv and FP8 tokens: so the racecheck run covers every Gluon kernel."""
+    from graphattn.common.platform import DeviceFacts
+    from graphattn.cuda.configs import gluon_available
+    from graphattn.cuda.platform import CudaPlatform
+
+    if not gluon_available():
+        pytest.skip("this triton has no Gluon Hopper dialect: sm_90 plans no Gluon kernel")
+    launches = _load("racecheck_kernels")
+    h200 = CudaPlatform(DeviceFacts("nvidia", "H200", 132, capability=(9, 0)), device="cuda:0")
+    seen = set()
+    for case in launches.CASES:
+        plan = launches.plan_of(case, h200)
+        assert plan.kernel == case[0] and not plan.main.kwargs.get("CLUSTER"), (case, plan.main)
+        seen.add((case[0], case[1], plan.splits > 1))
+    want = {(k, fp8, split) for k in ("wgmma_rr", "wgmma_ws", "wgmma_tn") for fp8 in (False, True)
+            for split in (False, True)} - {("wgmma_rr", True, False), ("wgmma_rr", True, True)}  # FP8 runs no rr
+    assert seen == want, sorted(seen ^ want)
