@@ -102,10 +102,13 @@ def triage(log: str) -> tuple[list[tuple[int, tuple, tuple, str | None]], bool]:
     first = None
     for line in log.splitlines():
         match = _ACCESS.search(line)
-        if not match:
+        if match:
+            place = statement_at(match.group(3), int(match.group(4))) if (KERNELS / match.group(3)).is_file() \
+                else (match.group(2), f"{match.group(3)}:{match.group(4)}")
+        elif "Race reported" in line or re.search(r"and (Read|Write) access", line):
+            place = ("?", line.strip("= "))  # no source line (built without line info?): never known
+        else:
             continue
-        place = statement_at(match.group(3), int(match.group(4))) if (KERNELS / match.group(3)).is_file() \
-            else (match.group(2), f"{match.group(3)}:{match.group(4)}")
         if "Race reported" in line:
             first = place
         elif first is not None:

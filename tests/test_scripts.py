@@ -227,3 +227,13 @@ def test_racecheck_kernels_plan_each_gluon_kernel_on_sm90():
     want = {(k, fp8, split) for k in ("wgmma_rr", "wgmma_ws", "wgmma_tn") for fp8 in (False, True)
             for split in (False, True)} - {("wgmma_rr", True, False), ("wgmma_rr", True, True)}  # FP8 runs no rr
     assert seen == want, sorted(seen ^ want)
+
+
+def test_racecheck_triage_does_not_pass_an_access_without_a_source_line(tmp_path):
+    """A hazard whose accesses racecheck could not place in a source line is new, not skipped."""
+    triage = _load("racecheck_triage")
+    log = tmp_path / "racecheck.log"
+    log.write_text("========= Error: Race reported between Write access at _flashmla_ws_kernel+0x35d0\n"
+                   "=========     and Read access at _flashmla_ws_kernel+0xe830 [128 hazards]\n"
+                   "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)\n")
+    assert triage.main([str(log)]) == 1
