@@ -543,15 +543,9 @@ def _producer_merge(q_nope, k_nope, stat_m, wts, out_ptr, lse_ptr, ws_out_ptr, w
                     mask=(h < H)[:, None])
     _async_copy.commit_group()
     lse_p = gl.load(l_row + peer * stride_ls + h_v, mask=h_v < H, other=float("-inf"), cache_modifier=".cg")
-    top = gl.maximum(lse_me, lse_p)
-    top = gl.where(top == float("-inf"), 0.0, top)
-    w_me = gl.exp(lse_me - top)  # 0 for a split that saw no valid token
-    w_p = gl.exp(lse_p - top)
-    den = w_me + w_p
-    inv = 1.0 / gl.where(den == 0.0, 1.0, den)
+    w_me, w_p, inv, top, den = _pair_weights(lse_me, lse_p)
     if split == 0:
-        gl.store(lse_ptr + row.to(gl.int64) * H + h_v,
-                 gl.where(den == 0.0, float("-inf"), top + gl.log(gl.where(den == 0.0, 1.0, den))), mask=h_v < H)
+        gl.store(lse_ptr + row.to(gl.int64) * H + h_v, _merged_lse(top, den), mask=h_v < H)
     wts.slice(0, NCH).store(gl.reshape(w_me * inv, [NCH, CHUNK]))
     wts.slice(NCH, NCH).store(gl.reshape(w_p * inv, [NCH, CHUNK]))
     _async_copy.wait_group(0)
@@ -591,6 +585,28 @@ def _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, str
 
 
 @gluon.jit
+def _pair_weights(lse, lse_p):
+    """Two splits' weights in their merge, from their lse's (``[BLOCK_H]`` f32, ``-inf`` for a
+    split that saw no valid token: its weight is 0): ``(w, w_p, inv, top, den)``, the merged
+    partial being ``(w * mine + w_p * peer's) * inv``; ``top`` and ``den`` give the merged lse
+    (:func:`_merged_lse`). ``inv`` is applied by the caller, where it uses the weights."""
+    top = gl.maximum(lse, lse_p)
+    top = gl.where(top == float("-inf"), 0.0, top)
+    w = gl.exp(lse - top)
+    w_p = gl.exp(lse_p - top)
+    den = w + w_p
+    inv = 1.0 / gl.where(den == 0.0, 1.0, den)
+    return w, w_p, inv, top, den
+
+
+@gluon.jit
+def _merged_lse(top, den):
+    """The lse of two splits merged (``top``, ``den`` from :func:`_pair_weights`): ``-inf`` where
+    neither saw a valid token."""
+    return gl.where(den == 0.0, float("-inf"), top + gl.log(gl.where(den == 0.0, 1.0, den)))
+
+
+@gluon.jit
 def _merge_pair(out, lse, q_nope, stat_w, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr, row, hb, split, H,
                 stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, row_s: gl.constexpr,
                 BLOCK_H: gl.constexpr, D_NOPE: gl.constexpr, WG: gl.constexpr):
@@ -609,12 +625,7 @@ def _merge_pair(out, lse, q_nope, stat_w, out_ptr, lse_ptr, ws_out_ptr, ws_lse_p
     _cluster_wait()  # the peer's half and lse are in the workspace
     lse_p = gl.load(ws_lse_ptr + row.to(gl.int64) * stride_lr + peer * stride_ls + h_s, mask=h_s < H,
                     other=float("-inf"), cache_modifier=".cg")
-    top = gl.maximum(lse, lse_p)
-    top = gl.where(top == float("-inf"), 0.0, top)
-    w_me = gl.exp(lse - top)  # 0 for a split that saw no valid token
-    w_p = gl.exp(lse_p - top)
-    den = w_me + w_p
-    inv = 1.0 / gl.where(den == 0.0, 1.0, den)
+    w_me, w_p, inv, top, den = _pair_weights(lse, lse_p)
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=2, per_phase=1, max_phase=8, order=[1, 0])
     if _NEW_REINTERPRET:
         stage = q_nope.index(0).reinterpret(gl.float32, [BLOCK_H, HALF], flat)
@@ -625,7 +636,7 @@ def _merge_pair(out, lse, q_nope, stat_w, out_ptr, lse_ptr, ws_out_ptr, ws_lse_p
     stat_w.store(w_p * inv)
     _cta_barrier()
     if split == 0:
-        lse_f = gl.where(den == 0.0, float("-inf"), top + gl.log(gl.where(den == 0.0, 1.0, den)))
+        lse_f = _merged_lse(top, den)
         gl.store(lse_ptr + row.to(gl.int64) * H + h_s, lse_f, mask=h_s < H)
     layout: gl.constexpr = gl.BlockedLayout(
         size_per_thread=[1, 8], threads_per_warp=[1, 32], warps_per_cta=[4, 1], order=[1, 0])
