@@ -137,9 +137,10 @@ def racecheck_launch(rows: int = 56, heads: int = 64, topk: int = 512, fp8: bool
     ``wgmma_rr``'s) for ``compute-sanitizer --tool racecheck``, which did not finish on a cluster
     launch even of two CTAs (150 s), while the same code launched without clusters hung at its
     ``barrier.cluster`` even without the tool: :func:`without_cluster_barrier` (with it, both
-    finish, on an H200 and under racecheck), then two splits forced. Racecheck checks shared memory, all of it CTA-local here (the staging in
-    q's shared memory, the row weights; the hand-off between the two CTAs goes through global
-    memory, ordered by the barrier left out). Prints ``launched`` with the plan."""
+    finish, on an H200 and under racecheck), then two splits forced. Racecheck checks shared
+    memory, all of it CTA-local here (the staging in q's shared memory, the row weights; the
+    hand-off between the two CTAs goes through global memory, ordered by the barrier left out).
+    Prints ``launched`` with the plan."""
     without_cluster_barrier()
     with current_platform().launch_table.override("flashmla", max_splits=2, target_programs=10**6):
         clear_launch_plans()
