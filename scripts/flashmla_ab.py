@@ -10,7 +10,7 @@ is no launch setting but a PTX rewrite giving the kernels' ``cp.async`` copies t
 size. ``--kv-fp8``: 656-byte FP8 tokens. A process first checks launches at topk 2077 where the
 kernel runs (:func:`checks_for`: by default 128 heads x 257 rows in one split and x 28 rows in
 several; indices out of range included, outputs NaN-poisoned) against the float64 reference (of
-the dequantised cache with FP8) and exits 1 if one is off or runs another kernel than the
+the dequantised cache with FP8; ``--checks HEADSxROWSxTOPK ...`` replaces them) and exits 1 if one is off or runs another kernel than the
 variant's ``kernel`` (default ``--kernel``); then it prints one JSON line per shape, refusing
 shapes where that kernel does not run (the overrides apply to whatever kernel flashmla picks).
 The script prints each variant's mean per shape and exits 1 if a run failed its check or did
@@ -97,7 +97,7 @@ def check(kernel: str, variant: str, rows: int, heads: int, topk: int, kv_fp8: b
                                                  tolerance(torch.bfloat16, "fp8" if kv_fp8 else "auto"))
     ok = err <= 1 and lse_err <= 1 and same_inf and plan.kernel == kernel
     print(json.dumps({"variant": variant, "check": f"{heads}x{rows}x{topk}", "kernel": plan.kernel,
-                      "splits": plan.splits, "out_err_of_tol": err, "lse_err_of_tol": lse_err, "ok": ok}),
+                      "splits": plan.splits, "cluster": plan.main.cluster, "out_err_of_tol": err, "lse_err_of_tol": lse_err, "ok": ok}),
           flush=True)
     return ok
 
@@ -121,7 +121,8 @@ def _l2_prefetch_ptx(size: int) -> None:
     knobs.runtime.add_stages_inspection_hook = hook
 
 
-def run_variant(kernel: str, variant: str, shapes: list[str], kv_fp8: bool = False) -> int:
+def run_variant(kernel: str, variant: str, shapes: list[str], kv_fp8: bool = False,
+                checks: list[str] | None = None) -> int:
     settings = parse_variant(variant)
     if "PTX_L2_PREFETCH" in settings:  # not a launch setting: a PTX rewrite (see _l2_prefetch_ptx)
         _l2_prefetch_ptx(settings.pop("PTX_L2_PREFETCH"))
@@ -133,7 +134,7 @@ def run_variant(kernel: str, variant: str, shapes: list[str], kv_fp8: bool = Fal
     kernel = settings.get("kernel", kernel)  # a variant may pick the kernel itself
     with current_platform().launch_table.override("flashmla", **settings):
         clear_launch_plans()
-        for rows, heads, topk in checks_for(kernel, kv_fp8):
+        for rows, heads, topk in [_rows_first(c) for c in checks] if checks else checks_for(kernel, kv_fp8):
             if not check(kernel, variant, rows, heads, topk, kv_fp8):
                 return 1
         for shape in shapes:
@@ -148,13 +149,21 @@ def run_variant(kernel: str, variant: str, shapes: list[str], kv_fp8: bool = Fal
     return 0
 
 
-def alternate(kernel: str, times: int, variants: list[str], shapes: list[str], kv_fp8: bool = False) -> int:
+def _rows_first(shape: str) -> tuple[int, int, int]:
+    """``HEADSxROWSxTOPK`` -> ``(rows, heads, topk)``."""
+    heads, rows, topk = (int(x) for x in shape.split("x"))
+    return rows, heads, topk
+
+
+def alternate(kernel: str, times: int, variants: list[str], shapes: list[str], kv_fp8: bool = False,
+              checks: list[str] | None = None) -> int:
     results: dict[tuple[str, str], list[float]] = {}
     failed = 0
     for _ in range(times):
         for variant in variants:
             cmd = [sys.executable, __file__, "--kernel", kernel, "--one", variant, "--shapes", *shapes]
             cmd += ["--kv-fp8"] if kv_fp8 else []
+            cmd += ["--checks", *checks] if checks else []
             try:
                 run = subprocess.run(cmd, capture_output=True, text=True, env=os.environ, timeout=150)
             except subprocess.TimeoutExpired as exc:
@@ -181,8 +190,9 @@ if __name__ == "__main__":
     ap.add_argument("--one", help="run this one variant in this process")
     ap.add_argument("--shapes", nargs="+", default=SHAPES, help="HEADSxROWSxTOPK")
     ap.add_argument("--kv-fp8", action="store_true", help="656-byte FP8 KV tokens")
+    ap.add_argument("--checks", nargs="+", help="HEADSxROWSxTOPK of the checks (default: checks_for)")
     ap.add_argument("variants", nargs="*", default=["base"])
     args = ap.parse_args()
     if args.one:
-        sys.exit(run_variant(args.kernel, args.one, args.shapes, args.kv_fp8))
-    sys.exit(alternate(args.kernel, args.alternate, args.variants, args.shapes, args.kv_fp8))
+        sys.exit(run_variant(args.kernel, args.one, args.shapes, args.kv_fp8, args.checks))
+    sys.exit(alternate(args.kernel, args.alternate, args.variants, args.shapes, args.kv_fp8, args.checks))

@@ -34,6 +34,7 @@ _MAX_WS = "the row max hand-off with P (p_ready)"
 _RING = "an FP8 ring slot: the producer's cp.async against the consumers' dequantisation (kv_ready, kv_free)"
 _MERGE = "the consumers' staging for the producer's cluster merge (o_ready)"
 _WS_RUNTIME = "Triton's warp-specialisation code (the kernel's first line)"
+_MERGE_TN = "wgmma_tn's two consumers' outputs, maxima and sums, exchanged through their KV slots (l_ready)"
 KNOWN: dict[frozenset, str] = {
     frozenset({("_consumer_rr", "stat_m.store(m_new)"),
                ("_consumer_rr", "m_new=gl.maximum(m_new,stat_m.load(row_s))")}): _MAX_RR,
@@ -52,6 +53,14 @@ KNOWN: dict[frozenset, str] = {
                                    "sent.index(c).load(layout),mask=(h<H)[:,None])")}): _MERGE,
     frozenset({("_stage_for_merge", "stat_m.index(0).store(lse)"),
                ("_producer_merge", "lse_me=stat_m.index(0).load(vec_l)")}): _MERGE,
+    frozenset({("_consumer_t", "_merge_view(k_nope,WG,D_NOPE,BLOCK_H).store(acc)"),
+               ("_consumer_t", "out=(_merge_view(k_nope,WG,D_NOPE,BLOCK_H).slice(WG*HALF+c,BLOCK_N,dim=0)"
+                               ".load(s_layout)*w0[None,:]+_merge_view(k_nope,1-WG,D_NOPE,BLOCK_H)"
+                               ".slice(WG*HALF+c,BLOCK_N,dim=0).load(s_layout)*w1[None,:])")}): _MERGE_TN,
+    frozenset({("_consumer_t", "stats.index(2*WG).store(m)"),
+               ("_consumer_t", "m1=stats.index(2-2*WG).load(col_s)")}): _MERGE_TN,
+    frozenset({("_consumer_t", "stats.index(2*WG+1).store(l)"),
+               ("_consumer_t", "l1=stats.index(3-2*WG).load(col_s)")}): _MERGE_TN,
 }
 _ACCESS = re.compile(r"(Read|Write) access at (\S+?)(?:\+0x[0-9a-f]+)? in (\S+?):(\d+)")
 
