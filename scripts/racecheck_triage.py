@@ -7,12 +7,14 @@ between warpgroups as a hazard, and Triton's own warp-specialisation code in the
 first line. :data:`KNOWN` lists those hand-offs, each by the two statements involved (their
 source text and function, not line numbers, so edits elsewhere keep them known) and what orders
 them; a hazard between any other pair of statements is printed as ``NEW`` and the exit status
-is 1. Run with ``--print-limit 1000`` (or more): racecheck stops listing at its limit.
+is 1. Run with ``--print-limit 1000`` (or more): racecheck stops listing at its limit; and
+with ``NV_COMPUTE_SANITIZER_MAX_RACECHECK_HAZARDS`` above the hazards the launches make (racecheck
+processes none past it; a log that says it reached it fails).
 
 ``python scripts/racecheck_triage.py racecheck.log`` (from the repository root, the tree the log
 was made from: lines are read from ``graphattn/kernels``). Prints one line per distinct pair of
-statements with its hazard count; exit 0 when every pair is known and the log has racecheck's
-summary, 1 otherwise.
+statements with its hazard count; exit 0 when every pair is known and the log is complete
+(racecheck's summary, the hazard cap not reached), 1 otherwise.
 """
 from __future__ import annotations
 
@@ -103,10 +105,15 @@ def statement_at(name: str, line: int) -> tuple[str, str]:
     return name, f"line {line}"
 
 
+# racecheck's warning when it has processed as many hazards as it keeps
+# (NV_COMPUTE_SANITIZER_MAX_RACECHECK_HAZARDS, 10 million by default): it reports none after that.
+_CAPPED = "Maximum number of hazards reached"
+
+
 def triage(log: str) -> tuple[list[tuple[int, tuple, tuple, str | None]], bool]:
     """``(pairs, finished)``: each distinct pair of statements racecheck reported (hazard count,
-    the two ``(function, statement)``, what orders it or ``None``), and whether the log has
-    racecheck's summary."""
+    the two ``(function, statement)``, what orders it or ``None``), and whether the log is
+    complete: racecheck's summary is there and it did not stop at its hazard cap."""
     counts: Counter = Counter()
     first = None
     for line in log.splitlines():
@@ -127,20 +134,23 @@ def triage(log: str) -> tuple[list[tuple[int, tuple, tuple, str | None]], bool]:
     for (a, b), n in sorted(counts.items()):
         known = _WS_RUNTIME if a[1] == b[1] == "<header>" else KNOWN.get(frozenset({a, b}))
         pairs.append((n, a, b, known))
-    return pairs, "RACECHECK SUMMARY" in log
+    return pairs, "RACECHECK SUMMARY" in log and _CAPPED not in log
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__.strip().splitlines()[0], "\nusage: racecheck_triage.py LOG", file=sys.stderr)
         return 2
-    pairs, finished = triage(Path(argv[0]).read_text(errors="replace"))
+    text = Path(argv[0]).read_text(errors="replace")
+    pairs, finished = triage(text)
     new = 0
     for n, a, b, known in pairs:
         new += known is None
         print(f"{n:>7}  {a[0]}: {a[1][:70]}  /  {b[0]}: {b[1][:70]}  ->  {known or 'NEW'}")
     if not finished:
-        print("no RACECHECK SUMMARY in the log: racecheck did not finish")
+        print(f"racecheck stopped at its hazard cap ({_CAPPED!r}): hazards after it went unreported; raise "
+              "NV_COMPUTE_SANITIZER_MAX_RACECHECK_HAZARDS or launch less" if _CAPPED in text
+              else "no RACECHECK SUMMARY in the log: racecheck did not finish")
     print(f"{len(pairs)} pairs, {new} new")
     return 0 if finished and not new else 1
 

@@ -183,7 +183,8 @@ def test_racecheck_triage_knows_each_mbarrier_hand_off_and_fails_on_a_new_one(tm
     """scripts/racecheck_triage.py: every hand-off it lists as known is still in the kernels' source
     (an edit to one of those statements fails here, so the list is reviewed again); a log of those
     hazards (at their current lines) and of the kernels' first lines passes, and a hazard between
-    any other two statements, or a log racecheck did not finish, fails."""
+    any other two statements, a log racecheck did not finish, or one where it reached its hazard
+    cap, fails."""
     triage = _load("racecheck_triage")
     where = {}  # (function, statement) -> (file, line), from the kernels as committed
     for path in sorted(triage.KERNELS.glob("wgmma*.py")):
@@ -206,6 +207,9 @@ def test_racecheck_triage_knows_each_mbarrier_hand_off_and_fails_on_a_new_one(tm
     new = (where[("_producer_merge", "_async_copy.wait_group(0)")], where[known[0][0]])
     assert run(_racecheck_log(pairs + [new])) == 1
     assert run(_racecheck_log(pairs, summary=False)) == 1
+    capped = _racecheck_log(pairs).replace("========= RACECHECK SUMMARY", f"========= Warning: {triage._CAPPED}. "
+                                           "Environment variable ...\n========= RACECHECK SUMMARY")
+    assert triage._CAPPED in capped and run(capped) == 1  # hazards past racecheck's cap went unreported
 
 
 def test_racecheck_kernels_plan_each_gluon_kernel_on_sm90():
