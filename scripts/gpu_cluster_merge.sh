@@ -26,7 +26,8 @@ case "${1:-}" in
     done
     # racecheck on the merges' CTA-local shared memory, launched without clusters (see the script);
     # every hazard it reports must be a known mbarrier hand-off (scripts/racecheck_triage.py)
-    NV_COMPUTE_SANITIZER_MAX_RACECHECK_HAZARDS=50000000 \
+    # (racecheck's hazard cap raised as in gpu_racecheck.sh: the FP8 merge's launch reaches the default)
+    NV_COMPUTE_SANITIZER_MAX_RACECHECK_HAZARDS="${NV_COMPUTE_SANITIZER_MAX_RACECHECK_HAZARDS:-50000000}" \
       timeout 240 compute-sanitizer --tool racecheck --print-limit 1000 python3 scripts/cluster_check.py race \
       >"$OUT/racecheck.log" 2>&1; echo "racecheck rc $?: $(grep -E 'RACECHECK SUMMARY|launched' "$OUT/racecheck.log" | tr '\n' ' ')"
     python3 scripts/racecheck_triage.py "$OUT/racecheck.log" || status=1
