@@ -55,8 +55,13 @@ _KV_MAJOR_TILE = {"BLOCK_H": 16, "BLOCK_N": 64, "IDX_AHEAD": 0, "KV_MAJOR": 1, "
 # within 0.2 (the predecessor, 8 warps that gathered and computed in turn, replaced at 4e1066f).
 # That predecessor measured against 32-token tiles with 3 or 4 slots (188 / 225 KB): 64 x 64 rows
 # 90.2 us vs 114.0 / 115.4, 128 x 512 866.5 vs 1128.9 / 1134.3.
+# Their split partials are stored in the accumulator's own order (partial_native, a host key:
+# graphattn.kernels.flashmla.PARTIAL_NATIVE_KERNELS; 64 or 128 heads), a warp's store one run
+# of 256 bytes instead of 8 rows of 32: timing-only A/B in one H200 call (us, the store alone,
+# docs/benchmarks.md) 128 x 8 21.60 -> 20.44, 64 x 8 19.70 -> 18.58, 128 x 4 17.94 -> 16.76,
+# 128 x 1 11.66 -> 11.40.
 _WGMMA_TILE = {"kernel": "wgmma_ws", "BLOCK_H": 64, "BLOCK_N": 64, "STAGES": 2, "num_warps": 4,
-               "num_stages": 1, "maxnreg": 168}
+               "num_stages": 1, "maxnreg": 168, "partial_native": 1}
 # 656-byte FP8 kv: the same warp-specialised kernel reading the tokens' bytes (KV_FP8=1, e4m3fn),
 # each tile dequantised in shared memory by both consumers (half its tokens each). It replaced an 8-warp kernel that
 # gathered, converted and computed in turn (kernels/wgmma_fp8.py up to 4011a35): 128 x 512 rows

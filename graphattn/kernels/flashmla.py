@@ -3,7 +3,8 @@
 Launch 1 (``_flashmla_split_kernel``, or on sm_90 a Gluon kernel of :data:`GLUON_KERNELS`): one
 program per (row, split, head block) attends over its slice of the row's top-k and writes a
 normalised partial (out f32, natural-log lse) into the caller's workspace. Launch 2
-(``_flashmla_combine_kernel``) merges the partials; where the launch table says so (sm_90, few
+(``_flashmla_combine_kernel``, or ``_flashmla_combine_native_kernel`` for partials a Gluon kernel
+stored in its accumulator's order) merges the partials; where the launch table says so (sm_90, few
 rows) it is a programmatic dependent launch that starts while the split programs finish and
 waits for their stores inside the kernel. With a single split the first launch writes
 ``out``/``lse`` directly and the combine is skipped; so it is where the launch setting says
@@ -87,6 +88,45 @@ def _flashmla_combine_kernel(
     tl.store(lse_ptr + row * H + h, lse)
 
 
+@jit
+def _flashmla_combine_native_kernel(
+    ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr, H, num_splits,
+    stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+    BLOCK_S: tl.constexpr, D_NOPE: tl.constexpr, PDL: tl.constexpr = 0,
+):
+    # The combine of partials a Gluon kernel stored in its accumulator's order (PARTIAL_NATIVE:
+    # graphattn.kernels.wgmma_ws._store_partial; H a multiple of 64). A head block's partial is
+    # [64 column groups, 64 k, 8 columns], contiguous, its element (g, k, c) being head
+    # m(k) = 16 (k // 8 % 4) + 8 (k // 32) + k % 8 at column 8 g + c. One program per (row,
+    # head block, column group): each split's 2 KB is one contiguous load.
+    if PDL:  # launched before the split kernel finished: wait for it (and its stores) here
+        gdc_wait()
+    GROUPS: tl.constexpr = D_NOPE // 8
+    pid = tl.program_id(0)
+    g = pid % GROUPS
+    hb = (pid // GROUPS) % (H // 64)
+    row = (pid // (GROUPS * (H // 64))).to(tl.int64)
+    s_offs = tl.arange(0, BLOCK_S)
+    s_mask = s_offs < num_splits
+    k = tl.arange(0, 64)
+    h = hb * 64 + (k // 8 % 4) * 16 + (k // 32) * 8 + k % 8
+    lse_s = tl.load(ws_lse_ptr + row * stride_lr + s_offs[:, None] * stride_ls + h[None, :], mask=s_mask[:, None],
+                    other=float("-inf"))
+    m = tl.max(lse_s, 0)
+    m_ref = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse_s - m_ref[None, :])  # 0 for empty and unused splits
+    w_sum = tl.sum(w, 0)
+    c = tl.arange(0, 8)
+    block = ws_out_ptr + row * stride_wr + hb * 64 * stride_wh + g * 512
+    o_s = tl.load(block + s_offs[:, None, None] * stride_ws + k[None, :, None] * 8 + c[None, None, :],
+                  mask=s_mask[:, None, None], other=0.0)
+    out = tl.sum(w[:, :, None] * o_s, 0) / tl.where(w_sum == 0.0, 1.0, w_sum)[:, None]
+    tl.store(out_ptr + (row * H + h[:, None]) * D_NOPE + g * 8 + c[None, :], out.to(out_ptr.dtype.element_ty))
+    if g == 0:
+        lse = tl.where(w_sum == 0.0, float("-inf"), m_ref + tl.log(tl.where(w_sum == 0.0, 1.0, w_sum)))
+        tl.store(lse_ptr + row * H + h, lse)
+
+
 # The Gluon kernels (sm_90) a launch config's "kernel" key names: key -> (module, function),
 # imported only where the platform picks one.
 GLUON_KERNELS = {
@@ -101,6 +141,13 @@ GLUON_KERNELS = {
 # wgmma_rr's, and wgmma_ws's for FP8 tokens) and the launch's CTAs fill at least the fraction
 # ``cluster_min_fill`` (default 0) of the compute units.
 CLUSTER_MERGE_KERNELS = ("wgmma_rr", "wgmma_ws")
+
+# Gluon kernels that can store their split partials in their accumulator's own order
+# (``PARTIAL_NATIVE``: a warp's store is 256 contiguous bytes, where head-major rows make it 8
+# rows of 32 bytes), read back by ``_flashmla_combine_native_kernel``: where the launch setting
+# says ``partial_native``, the heads are a multiple of the 64-head block (a block's partial is
+# then all inside the workspace's heads) and the splits go through the combine.
+PARTIAL_NATIVE_KERNELS = ("wgmma_rr", "wgmma_ws")
 
 
 def _split_kernel(q, kv, topk):
@@ -165,7 +212,12 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
     combine = None
     if splits > 1 and not meta.get("CLUSTER"):
         cmeta, copts = launch_parts(path_config(PATH + "_combine", rows, heads, topk, platform))
-        combine = make_launch(_flashmla_combine_kernel, (rows * heads,),
+        if cfg.get("partial_native") and name in PARTIAL_NATIVE_KERNELS and heads % meta["BLOCK_H"] == 0:
+            meta["PARTIAL_NATIVE"] = 1
+            combine_fn, combine_grid = _flashmla_combine_native_kernel, rows * head_blocks * (D_V // 8)
+        else:
+            combine_fn, combine_grid = _flashmla_combine_kernel, rows * heads
+        combine = make_launch(combine_fn, (combine_grid,),
                               BLOCK_S=max(2, triton.next_power_of_2(splits)), D_NOPE=D_V, **cmeta, **copts)
         # A combine launched as a programmatic dependent launch may start on the SMs the split
         # programs leave idle, once every split program has started (they say so first thing).

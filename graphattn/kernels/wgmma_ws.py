@@ -345,7 +345,7 @@ def _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
               stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
               DIRECT: gl.constexpr, KV_FP8: gl.constexpr, WG: gl.constexpr, CLUSTER: gl.constexpr = 0,
-              o_ready=None):
+              o_ready=None, NATIVE: gl.constexpr = 0):
     """Consumer warpgroup ``WG`` (0 or 1): scores and softmax of tiles ``t % 2 == WG``, output
     columns ``[WG * 256, WG * 256 + 256)`` of every tile."""
     q_nope, q_rope, k_nope, k_rope, stat_m, stat_l, k_raw, k_scale, k_rope_bits, k_scale_rows = smem
@@ -409,14 +409,15 @@ def _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
                          WG)
     else:
         _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr, row, hb, split, H,
-                stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, row_s, o_layout, BLOCK_H, D_NOPE, DIRECT, WG)
+                stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, row_s, o_layout, BLOCK_H, D_NOPE, DIRECT, WG,
+                0, None, NATIVE)
 
 
 @gluon.jit
 def _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr, row, hb, split, H,
             stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, row_s: gl.constexpr, o_layout: gl.constexpr,
             BLOCK_H: gl.constexpr, D_NOPE: gl.constexpr, DIRECT: gl.constexpr, WG: gl.constexpr,
-            CLUSTER: gl.constexpr = 0, stat_w=None):
+            CLUSTER: gl.constexpr = 0, stat_w=None, NATIVE: gl.constexpr = 0):
     """Consumer ``WG``'s end: add the other consumer's row sum ``l`` (both at the row max ``m``),
     then store its half of the normalised output (``acc`` ``[BLOCK_H, 256]``, columns ``WG *
     256``) and, consumer 0, the lse: the final ``out``/``lse`` (``DIRECT``) or a split's partial.
@@ -449,7 +450,7 @@ def _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws
             gl.store(lse_ptr + row.to(gl.int64) * H + h_s, lse, mask=h_s < H)
     else:
         _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, stride_wr, stride_ws, stride_wh,
-                       stride_lr, stride_ls, o_layout, BLOCK_H, HALF, WG, WG == 0)
+                       stride_lr, stride_ls, o_layout, BLOCK_H, HALF, WG, WG == 0, NATIVE)
 
 
 @gluon.jit
@@ -570,7 +571,7 @@ def _producer_merge(q_nope, k_nope, stat_m, wts, out_ptr, lse_ptr, ws_out_ptr, w
 @gluon.jit
 def _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, stride_wr, stride_ws, stride_wh,
                    stride_lr, stride_ls, o_layout: gl.constexpr, BLOCK_H: gl.constexpr, HALF: gl.constexpr,
-                   WG: gl.constexpr, LSE: gl.constexpr):
+                   WG: gl.constexpr, LSE: gl.constexpr, NATIVE: gl.constexpr = 0):
     """Consumer ``WG``'s half of split ``split``'s normalised partial (``out`` ``[BLOCK_H, 256]``
     f32, columns ``WG * 256``) into the workspace, and with ``LSE`` the split's lse (``lse`` and
     its heads ``h_s`` ``[BLOCK_H]``)."""
@@ -579,7 +580,17 @@ def _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, str
     h_o = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
     d_o = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
     w_base = ws_out_ptr + row.to(gl.int64) * stride_wr + split * stride_ws
-    gl.store(w_base + h_o[:, None] * stride_wh + d_o[None, :], out, mask=(h_o < H)[:, None])
+    if NATIVE:
+        # The head block's partial in the accumulator's own order: element (m, n) of this half at
+        # (register pair, thread), so that a warp's store is 256 contiguous bytes.
+        m = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
+        n = gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
+        off_m = (m // 16) * 64 + ((m % 16) // 8) * 256 + (m % 8) * 8
+        off_n = (n // 8) * 512 + n % 8
+        base = w_base + hb * BLOCK_H * stride_wh + WG * BLOCK_H * HALF
+        gl.store(base + off_m[:, None] + off_n[None, :], out, mask=(h_o < H)[:, None])
+    else:
+        gl.store(w_base + h_o[:, None] * stride_wh + d_o[None, :], out, mask=(h_o < H)[:, None])
     if LSE:
         gl.store(ws_lse_ptr + row.to(gl.int64) * stride_lr + split * stride_ls + h_s, lse, mask=h_s < H)
 
@@ -712,7 +723,7 @@ def _flashmla_ws_kernel(
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     STAGES: gl.constexpr, DIRECT: gl.constexpr, KV_FP8: gl.constexpr = 0, LAUNCH_DEPENDENTS: gl.constexpr = 0,
-    CLUSTER: gl.constexpr = 0,
+    CLUSTER: gl.constexpr = 0, PARTIAL_NATIVE: gl.constexpr = 0,
 ):
     """Arguments, grid and outputs as ``_flashmla_split_kernel`` (graphattn.kernels.flashmla);
     launch with ``num_warps=4`` and ``maxnreg=168`` (12 warps run: producer, two consumers).
@@ -793,9 +804,11 @@ def _flashmla_ws_kernel(
         (_consumer, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                      H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                      stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 0, CLUSTER, o_ready)),
+                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 0, CLUSTER, o_ready,
+                     PARTIAL_NATIVE)),
         (_consumer, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                      H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                      stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 1, CLUSTER, o_ready)),
+                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 1, CLUSTER, o_ready,
+                     PARTIAL_NATIVE)),
     ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
