@@ -96,16 +96,18 @@ def _flashmla_combine_native_kernel(
 ):
     # The combine of partials a Gluon kernel stored in its accumulator's order (PARTIAL_NATIVE:
     # graphattn.kernels.wgmma_ws._store_partial; H a multiple of 64). A head block's partial is
-    # [64 column groups, 64 k, 8 columns], contiguous, its element (g, k, c) being head
-    # m(k) = 16 (k // 8 % 4) + 8 (k // 32) + k % 8 at column 8 g + c. One program per (row,
-    # head block, column group): each split's 2 KB is one contiguous load.
+    # 64 contiguous runs of 512 floats: run g holds columns [8 g, 8 g + 8) of all 64 heads, as
+    # [64 k, 8 c], row k being head m(k) = 16 (k // 8 % 4) + 8 (k // 32) + k % 8. One program per
+    # (row, head block, run), its [BLOCK_S, 512] tile loaded as the head-major combine loads its
+    # own (each split's 2 KB contiguous), the heads' weights [BLOCK_S, 64] broadcast over their 8
+    # columns.
     if PDL:  # launched before the split kernel finished: wait for it (and its stores) here
         gdc_wait()
-    GROUPS: tl.constexpr = D_NOPE // 8
+    RUNS: tl.constexpr = D_NOPE // 8
     pid = tl.program_id(0)
-    g = pid % GROUPS
-    hb = (pid // GROUPS) % (H // 64)
-    row = (pid // (GROUPS * (H // 64))).to(tl.int64)
+    g = pid % RUNS
+    hb = (pid // RUNS) % (H // 64)
+    row = (pid // (RUNS * (H // 64))).to(tl.int64)
     s_offs = tl.arange(0, BLOCK_S)
     s_mask = s_offs < num_splits
     k = tl.arange(0, 64)
@@ -116,12 +118,14 @@ def _flashmla_combine_native_kernel(
     m_ref = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp(lse_s - m_ref[None, :])  # 0 for empty and unused splits
     w_sum = tl.sum(w, 0)
-    c = tl.arange(0, 8)
-    block = ws_out_ptr + row * stride_wr + hb * 64 * stride_wh + g * 512
-    o_s = tl.load(block + s_offs[:, None, None] * stride_ws + k[None, :, None] * 8 + c[None, None, :],
-                  mask=s_mask[:, None, None], other=0.0)
-    out = tl.sum(w[:, :, None] * o_s, 0) / tl.where(w_sum == 0.0, 1.0, w_sum)[:, None]
-    tl.store(out_ptr + (row * H + h[:, None]) * D_NOPE + g * 8 + c[None, :], out.to(out_ptr.dtype.element_ty))
+    j = tl.arange(0, 512)
+    o_s = tl.load(ws_out_ptr + row * stride_wr + hb * 64 * stride_wh + g * 512 + s_offs[:, None] * stride_ws
+                  + j[None, :], mask=s_mask[:, None], other=0.0)
+    w8 = tl.reshape(tl.broadcast_to(w[:, :, None], [BLOCK_S, 64, 8]), [BLOCK_S, 512])
+    sum8 = tl.reshape(tl.broadcast_to(w_sum[:, None], [64, 8]), [512])
+    out = tl.sum(w8 * o_s, 0) / tl.where(sum8 == 0.0, 1.0, sum8)
+    h8 = tl.reshape(tl.broadcast_to(h[:, None], [64, 8]), [512])
+    tl.store(out_ptr + (row * H + h8) * D_NOPE + g * 8 + j % 8, out.to(out_ptr.dtype.element_ty))
     if g == 0:
         lse = tl.where(w_sum == 0.0, float("-inf"), m_ref + tl.log(tl.where(w_sum == 0.0, 1.0, w_sum)))
         tl.store(lse_ptr + row * H + h, lse)
