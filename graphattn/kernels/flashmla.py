@@ -110,6 +110,11 @@ def _flashmla_combine_native_kernel(
     row = (pid // (RUNS * (H // 64))).to(tl.int64)
     s_offs = tl.arange(0, BLOCK_S)
     s_mask = s_offs < num_splits
+    # The partials' load first: issued after the lse's reductions (their barriers), its latency
+    # would follow theirs instead of overlapping them.
+    j = tl.arange(0, 512)
+    o_s = tl.load(ws_out_ptr + row * stride_wr + hb * 64 * stride_wh + g * 512 + s_offs[:, None] * stride_ws
+                  + j[None, :], mask=s_mask[:, None], other=0.0)
     k = tl.arange(0, 64)
     h = hb * 64 + (k // 8 % 4) * 16 + (k // 32) * 8 + k % 8
     lse_s = tl.load(ws_lse_ptr + row * stride_lr + s_offs[:, None] * stride_ls + h[None, :], mask=s_mask[:, None],
@@ -118,9 +123,6 @@ def _flashmla_combine_native_kernel(
     m_ref = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp(lse_s - m_ref[None, :])  # 0 for empty and unused splits
     w_sum = tl.sum(w, 0)
-    j = tl.arange(0, 512)
-    o_s = tl.load(ws_out_ptr + row * stride_wr + hb * 64 * stride_wh + g * 512 + s_offs[:, None] * stride_ws
-                  + j[None, :], mask=s_mask[:, None], other=0.0)
     w8 = tl.reshape(tl.broadcast_to(w[:, :, None], [BLOCK_S, 64, 8]), [BLOCK_S, 512])
     sum8 = tl.reshape(tl.broadcast_to(w_sum[:, None], [64, 8]), [512])
     out = tl.sum(w8 * o_s, 0) / tl.where(sum8 == 0.0, 1.0, sum8)
