@@ -480,61 +480,6 @@ def test_wgmma_kernel_only_on_sm90(capability):
         assert "kernel" not in cfg and "BLOCK_H" in cfg, f"[flashmla sm_{capability[0]}{capability[1]}] {cfg}"
 
 
-def _native_offsets() -> torch.Tensor:
-    """``[64, 512]``: where a Gluon kernel's accumulator-order store (``PARTIAL_NATIVE``) puts
-    head ``m``, column ``n`` of a head block's partial: consumer ``n // 256``'s half, at
-    (register pair, thread) of the wgmma accumulator layout (warp ``m // 16``, rows ``m % 8``
-    and ``m % 8 + 8`` of its 16, columns ``2 (lane % 4)`` and ``+ 1`` of each 8)."""
-    m = torch.arange(64)[:, None]
-    n = torch.arange(512)[None, :]
-    half, nn = n // 256, n % 256
-    thread = (m // 16) * 32 + (m % 8) * 4 + (nn % 8) // 2
-    pair = (nn // 8) * 2 + (m % 16) // 8  # register pair: 4 registers per 8 columns, 2 per row half
-    return half * 64 * 256 + pair * 256 + thread * 2 + nn % 2
-
-
-@pytest.mark.parametrize("heads,splits,dtype", [(64, 3, torch.bfloat16), (128, 8, torch.float16),
-                                                (128, 32, torch.bfloat16)])
-def test_flashmla_combine_reads_partials_in_the_accumulator_order(heads, splits, dtype):
-    """``_flashmla_combine_native_kernel`` (flashmla's combine where a Gluon kernel stored its
-    partials with ``PARTIAL_NATIVE``) merges a workspace in that order into what the float64
-    merge of the same partials gives: the order is the wgmma accumulator's (a permutation of
-    each 64-head block), splits with no valid token (lse -inf) weigh nothing, a head with none
-    anywhere gets 0 and -inf, and a split slot past ``num_splits`` (NaN) is never read."""
-    from graphattn.kernels.flashmla import _flashmla_combine_native_kernel
-    from graphattn.kernels.launch import make_launch
-
-    offsets = _native_offsets()
-    assert torch.equal(offsets.flatten().sort().values, torch.arange(64 * 512)), "not a permutation"
-    rows, slots = 3, splits + 1
-    part = torch.randn(rows, splits, heads, 512, dtype=torch.float64)
-    lse = torch.randn(rows, splits, heads, dtype=torch.float64) * 3
-    lse[0, 0] = float("-inf")  # an empty split of row 0
-    lse[1, :, 5] = float("-inf")  # head 5 of row 1 saw nothing valid
-    part[1, :, 5] = 0.0  # as a split kernel stores an empty head
-    ws_out = torch.full((rows, slots, heads, 512), float("nan"), device=DEVICE)
-    ws_lse = torch.full((rows, slots, heads), float("nan"), device=DEVICE)
-    native = torch.empty(rows, splits, heads // 64, 64 * 512, dtype=torch.float64)
-    native[..., offsets.flatten()] = part.reshape(rows, splits, heads // 64, 64 * 512)
-    ws_out[:, :splits] = native.reshape(rows, splits, heads, 512).float().to(DEVICE)
-    ws_lse[:, :splits] = lse.float().to(DEVICE)
-    out = torch.empty(rows, heads, 512, dtype=dtype, device=DEVICE)
-    lse_out = torch.empty(rows, heads, device=DEVICE)
-    launch = make_launch(_flashmla_combine_native_kernel, (rows * (heads // 64) * 64,),
-                         BLOCK_S=1 << (splits - 1).bit_length(), D_NOPE=512, num_warps=4, num_stages=1)
-    launch(ws_out, ws_lse, out, lse_out, heads, splits, *ws_out.stride()[:3], *ws_lse.stride()[:2])
-    top = lse.max(dim=1).values
-    w = torch.exp(lse - torch.where(top.isinf(), 0.0, top)[:, None])
-    den = w.sum(dim=1)
-    ref = (w[..., None] * part).sum(dim=1) / torch.where(den == 0, 1.0, den)[..., None]
-    ref_lse = torch.where(den == 0, float("-inf"), top + torch.log(torch.where(den == 0, 1.0, den)))
-    atol, rtol = TOLERANCES[dtype]
-    where = f"[flashmla native combine {heads} heads x {splits} splits {dtype}]"
-    torch.testing.assert_close(out.double().cpu(), ref, atol=atol, rtol=rtol, msg=where)
-    torch.testing.assert_close(lse_out.double().cpu(), ref_lse, atol=LSE_ATOL, rtol=0, msg=where)
-    assert lse_out[1, 5].item() == float("-inf") and not out[1, 5].any(), where
-
-
 @pytest.mark.parametrize("rows,heads,kv_fp8,override,native", [
     (8, 128, False, {}, True),  # wgmma_rr, 8 splits through the combine
     (8, 64, False, {}, True),
@@ -552,7 +497,7 @@ def test_sm90_partials_in_the_accumulator_order(monkeypatch, rows, heads, kv_fp8
     64-head blocks, the split kernel stores its partials in the accumulator's order
     (``PARTIAL_NATIVE``) and the combine is the kernel that reads that order; everywhere else
     both stay head-major."""
-    from graphattn.kernels.flashmla import _flashmla_combine_kernel, _flashmla_combine_native_kernel, plan_flashmla
+    from graphattn.kernels.flashmla import NATIVE_COMBINE, _flashmla_combine_kernel, _gluon, plan_flashmla
     from graphattn.kernels.launch import clear_launch_plans
 
     cuda_configs = _use_sm90_settings(monkeypatch)
@@ -570,7 +515,7 @@ def test_sm90_partials_in_the_accumulator_order(monkeypatch, rows, heads, kv_fp8
     where = f"[flashmla {heads}x{rows} fp8={kv_fp8} {override}] {plan.kernel} {plan.main!r} {plan.combine!r}"
     assert bool(plan.main.kwargs.get("PARTIAL_NATIVE")) == native, where
     if plan.combine is not None:
-        assert plan.combine.fn is (_flashmla_combine_native_kernel if native else _flashmla_combine_kernel), where
+        assert plan.combine.fn is (_gluon(*NATIVE_COMBINE) if native else _flashmla_combine_kernel), where
         assert plan.combine.grid == ((rows * heads // 64 * 64,) if native else (rows * heads,)), where
     else:
         assert not native, where

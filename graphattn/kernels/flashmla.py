@@ -3,10 +3,11 @@
 Launch 1 (``_flashmla_split_kernel``, or on sm_90 a Gluon kernel of :data:`GLUON_KERNELS`): one
 program per (row, split, head block) attends over its slice of the row's top-k and writes a
 normalised partial (out f32, natural-log lse) into the caller's workspace. Launch 2
-(``_flashmla_combine_kernel``, or ``_flashmla_combine_native_kernel`` for partials a Gluon kernel
-stored in its accumulator's order) merges the partials; where the launch table says so (sm_90, few
-rows) it is a programmatic dependent launch that starts while the split programs finish and
-waits for their stores inside the kernel. With a single split the first launch writes
+(``_flashmla_combine_kernel``, or the Gluon ``_flashmla_combine_native_kernel`` of
+:mod:`graphattn.kernels.wgmma_ws` for partials a Gluon kernel stored in its accumulator's
+order) merges the partials; where the launch table says so (sm_90, few rows) it is a
+programmatic dependent launch that starts while the split programs finish and waits for their
+stores inside the kernel. With a single split the first launch writes
 ``out``/``lse`` directly and the combine is skipped; so it is where the launch setting says
 ``cluster_merge`` and a Gluon kernel of :data:`CLUSTER_MERGE_KERNELS` runs two splits: they
 run as a thread-block cluster of two and merge inside the first launch.
@@ -88,51 +89,6 @@ def _flashmla_combine_kernel(
     tl.store(lse_ptr + row * H + h, lse)
 
 
-@jit
-def _flashmla_combine_native_kernel(
-    ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr, H, num_splits,
-    stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-    BLOCK_S: tl.constexpr, D_NOPE: tl.constexpr, PDL: tl.constexpr = 0,
-):
-    # The combine of partials a Gluon kernel stored in its accumulator's order (PARTIAL_NATIVE:
-    # graphattn.kernels.wgmma_ws._store_partial; H a multiple of 64). A head block's partial is
-    # 64 contiguous runs of 512 floats: run g holds columns [8 g, 8 g + 8) of all 64 heads, as
-    # [64 k, 8 c], row k being head m(k) = 16 (k // 8 % 4) + 8 (k // 32) + k % 8. One program per
-    # (row, head block, run), its [BLOCK_S, 512] tile loaded as the head-major combine loads its
-    # own (each split's 2 KB contiguous), the heads' weights [BLOCK_S, 64] broadcast over their 8
-    # columns.
-    if PDL:  # launched before the split kernel finished: wait for it (and its stores) here
-        gdc_wait()
-    RUNS: tl.constexpr = D_NOPE // 8
-    pid = tl.program_id(0)
-    g = pid % RUNS
-    hb = (pid // RUNS) % (H // 64)
-    row = (pid // (RUNS * (H // 64))).to(tl.int64)
-    s_offs = tl.arange(0, BLOCK_S)
-    s_mask = s_offs < num_splits
-    # The partials' load first: issued after the lse's reductions (their barriers), its latency
-    # would follow theirs instead of overlapping them.
-    j = tl.arange(0, 512)
-    o_s = tl.load(ws_out_ptr + row * stride_wr + hb * 64 * stride_wh + g * 512 + s_offs[:, None] * stride_ws
-                  + j[None, :], mask=s_mask[:, None], other=0.0)
-    k = tl.arange(0, 64)
-    h = hb * 64 + (k // 8 % 4) * 16 + (k // 32) * 8 + k % 8
-    lse_s = tl.load(ws_lse_ptr + row * stride_lr + s_offs[:, None] * stride_ls + h[None, :], mask=s_mask[:, None],
-                    other=float("-inf"))
-    m = tl.max(lse_s, 0)
-    m_ref = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp(lse_s - m_ref[None, :])  # 0 for empty and unused splits
-    w_sum = tl.sum(w, 0)
-    w8 = tl.reshape(tl.broadcast_to(w[:, :, None], [BLOCK_S, 64, 8]), [BLOCK_S, 512])
-    sum8 = tl.reshape(tl.broadcast_to(w_sum[:, None], [64, 8]), [512])
-    out = tl.sum(w8 * o_s, 0) / tl.where(sum8 == 0.0, 1.0, sum8)
-    h8 = tl.reshape(tl.broadcast_to(h[:, None], [64, 8]), [512])
-    tl.store(out_ptr + (row * H + h8) * D_NOPE + g * 8 + j % 8, out.to(out_ptr.dtype.element_ty))
-    if g == 0:
-        lse = tl.where(w_sum == 0.0, float("-inf"), m_ref + tl.log(tl.where(w_sum == 0.0, 1.0, w_sum)))
-        tl.store(lse_ptr + row * H + h, lse)
-
-
 # The Gluon kernels (sm_90) a launch config's "kernel" key names: key -> (module, function),
 # imported only where the platform picks one.
 GLUON_KERNELS = {
@@ -154,6 +110,7 @@ CLUSTER_MERGE_KERNELS = ("wgmma_rr", "wgmma_ws")
 # says ``partial_native``, the heads are a multiple of the 64-head block (a block's partial is
 # then all inside the workspace's heads) and the splits go through the combine.
 PARTIAL_NATIVE_KERNELS = ("wgmma_rr", "wgmma_ws")
+NATIVE_COMBINE = ("wgmma_ws", "_flashmla_combine_native_kernel")  # Gluon, beside the store it reads
 
 
 def _split_kernel(q, kv, topk):
@@ -185,12 +142,16 @@ def _select(rows: int, heads: int, topk: int, aligned: bool,
                 "triton")
     if not gluon:
         return _flashmla_split_kernel, cfg, "triton_kv_major" if cfg.get("KV_MAJOR") else "triton"
-    module, fn = GLUON_KERNELS[cfg["kernel"]]
+    return _gluon(*GLUON_KERNELS[cfg["kernel"]]), cfg, cfg["kernel"]
+
+
+def _gluon(module: str, fn: str) -> Callable:
+    """Gluon function ``fn`` of kernel module ``module``, imported on first use."""
     # Where kernels are interpreted (a CPU process planning with sm_90's table) Gluon imports
     # only with the interpreter's knob on, like every kernel module here; it never runs there.
     with triton_interpreter_env():
         gluon_module = importlib.import_module(f"{__package__}.{module}")
-    return getattr(gluon_module, fn), cfg, cfg["kernel"]
+    return getattr(gluon_module, fn)
 
 
 def kernel_name(q: torch.Tensor, kv: torch.Tensor, topk: int) -> str:
@@ -220,7 +181,7 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
         cmeta, copts = launch_parts(path_config(PATH + "_combine", rows, heads, topk, platform))
         if cfg.get("partial_native") and name in PARTIAL_NATIVE_KERNELS and heads % meta["BLOCK_H"] == 0:
             meta["PARTIAL_NATIVE"] = 1
-            combine_fn, combine_grid = _flashmla_combine_native_kernel, rows * head_blocks * (D_V // 8)
+            combine_fn, combine_grid = _gluon(*NATIVE_COMBINE), rows * head_blocks * (D_V // 8)
         else:
             combine_fn, combine_grid = _flashmla_combine_kernel, rows * heads
         combine = make_launch(combine_fn, (combine_grid,),

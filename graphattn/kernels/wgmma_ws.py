@@ -63,6 +63,7 @@ from .wgmma import (
     _cluster_wait,
     _cta_barrier,
     _gather_tile,
+    _gdc_wait,
     _launch_dependents,
     _load_indices,
     _load_q,
@@ -593,6 +594,63 @@ def _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, str
         gl.store(w_base + h_o[:, None] * stride_wh + d_o[None, :], out, mask=(h_o < H)[:, None])
     if LSE:
         gl.store(ws_lse_ptr + row.to(gl.int64) * stride_lr + split * stride_ls + h_s, lse, mask=h_s < H)
+
+
+@gluon.jit
+def _flashmla_combine_native_kernel(
+    ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr, H, num_splits,
+    stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+    BLOCK_S: gl.constexpr, D_NOPE: gl.constexpr, PDL: gl.constexpr = 0,
+):
+    """flashmla's combine of partials stored in the accumulator's order (``NATIVE`` of
+    :func:`_store_partial`; ``H`` a multiple of 64): ``out`` ``[rows, H, D_NOPE]`` in q's dtype and
+    natural-log ``lse`` ``[rows, H]`` f32 from ``ws_out`` ``[rows, >= num_splits, H, D_NOPE]`` and
+    ``ws_lse`` ``[rows, >= num_splits, H]`` f32, as ``_flashmla_combine_kernel`` does for head-major
+    partials. A head block's partial is 64 runs of 512 floats: run ``g`` holds columns
+    ``[8 g, 8 g + 8)`` of all 64 heads as ``[64 k, 8 c]``, row ``k`` being head
+    ``16 (k // 8 % 4) + 8 (k // 32) + k % 8``. One program per (row, head block, run), grid
+    ``rows * H // 64 * 64``, ``num_warps=4``; ``BLOCK_S`` (a power of two >= 2) >= ``num_splits``."""
+    # Each thread holds [BLOCK_S / TS splits, 1 head, 8 columns]: a head's weight multiplies its 8
+    # columns in registers and the sum over the splits stays in the thread but for one or two
+    # shuffles: no shared memory and no barrier (a Triton combine of the same tile converted the
+    # weights' layout through shared memory: 13 barriers).
+    TS: gl.constexpr = 2 if BLOCK_S <= 32 else 4
+    L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[BLOCK_S // TS, 1, 8], threads_per_warp=[TS, 32 // TS, 1],
+                                        warps_per_cta=[1, 4, 1], order=[2, 1, 0])
+    L2: gl.constexpr = gl.SliceLayout(2, L3)  # [BLOCK_S, 64]: the splits' lse
+    LO: gl.constexpr = gl.SliceLayout(0, L3)  # [64, 8]: the output
+    if PDL:  # launched before the split kernel finished: wait for it (and its stores) here
+        _gdc_wait()
+    RUNS: gl.constexpr = D_NOPE // 8
+    pid = gl.program_id(0)
+    g = pid % RUNS
+    hb = (pid // RUNS) % (H // 64)
+    row = (pid // (RUNS * (H // 64))).to(gl.int64)
+    s = gl.expand_dims(gl.arange(0, BLOCK_S, layout=gl.SliceLayout(1, L2)), 1)
+    k1 = gl.arange(0, 64, layout=gl.SliceLayout(0, L2))
+    k = gl.expand_dims(k1, 0)
+    c = gl.arange(0, 8, layout=gl.SliceLayout(0, LO))
+    s_mask = s < num_splits
+    # The partials' loads first, so that their latency overlaps the lse's and its reductions.
+    run = ws_out_ptr + row * stride_wr + hb * 64 * stride_wh + g * 8 * 64
+    o_s = gl.load(run + gl.expand_dims(s * stride_ws + k * 8, 2) + gl.expand_dims(gl.expand_dims(c, 0), 0),
+                  mask=gl.expand_dims(s_mask, 2), other=0.0)  # [BLOCK_S, 64, 8]
+    h1 = hb * 64 + (k1 // 8 % 4) * 16 + (k1 // 32) * 8 + k1 % 8
+    lse_s = gl.load(ws_lse_ptr + row * stride_lr + s * stride_ls + gl.expand_dims(h1, 0), mask=s_mask,
+                    other=float("-inf"))
+    m = gl.max(lse_s, axis=0)
+    m_ref = gl.where(m == float("-inf"), 0.0, m)
+    w2 = gl.exp(lse_s - gl.expand_dims(m_ref, 0))  # 0 for empty and unused splits
+    w = gl.expand_dims(w2, 2)
+    w_sum = gl.sum(w, axis=0)  # [64, 1], in the output's layout
+    out = gl.sum(w * o_s, axis=0) / gl.where(w_sum == 0.0, 1.0, w_sum)
+    ko = gl.arange(0, 64, layout=gl.SliceLayout(1, LO))
+    ho = gl.expand_dims(hb * 64 + (ko // 8 % 4) * 16 + (ko // 32) * 8 + ko % 8, 1)
+    gl.store(out_ptr + (row * H + ho) * D_NOPE + g * 8 + gl.expand_dims(c, 0), out.to(out_ptr.dtype.element_ty))
+    if g == 0:
+        l = gl.sum(w2, axis=0)  # [64], in the lse's layout
+        lse = gl.where(l == 0.0, float("-inf"), m_ref + gl.log(gl.where(l == 0.0, 1.0, l)))
+        gl.store(lse_ptr + row * H + h1, lse)
 
 
 @gluon.jit
