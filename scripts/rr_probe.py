@@ -50,7 +50,7 @@ AFTER = [
     ("            mbarrier.arrive(free.index(1))  # k0 R\n",
      "            if r == 0:\n                _probe(ws_out_ptr, out_ptr, DIRECT, 12)\n"),
     ("            stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, row_s, o_layout, BLOCK_H, D_NOPE, DIRECT, WG,\n"
-     "            CLUSTER, stat_m)\n",
+     "            CLUSTER, stat_m, NATIVE)\n",
      "    _probe(ws_out_ptr, out_ptr, DIRECT, WG * 10 + 5)\n"),
 ]
 NAMES = {20: "producer round 0", 21: "c0 q copies issued", 22: "round 0 issued", 23: "last round issued",

@@ -478,3 +478,44 @@ def test_wgmma_kernel_only_on_sm90(capability):
     for rows, heads in ((1, 128), (8, 64), (512, 128), (512, 16), (64, 32)):
         cfg = cuda_configs.kernel_config("flashmla", rows=rows, heads=heads, topk=2048, capability=capability)
         assert "kernel" not in cfg and "BLOCK_H" in cfg, f"[flashmla sm_{capability[0]}{capability[1]}] {cfg}"
+
+
+@pytest.mark.parametrize("rows,heads,kv_fp8,override,native", [
+    (8, 128, False, {}, True),  # wgmma_rr, 8 splits through the combine
+    (8, 64, False, {}, True),
+    (1, 128, False, {}, True),  # wgmma_ws (few programs), with the combine as a dependent launch
+    (8, 128, True, {}, True),  # FP8 tokens: wgmma_ws
+    (8, 128, False, {"partial_native": 0}, False),  # the setting off
+    (8, 100, False, {}, False),  # a masked head block: its partial would reach past the heads
+    (8, 32, False, {}, False),  # 32 heads in a 64-head block (wgmma_rr), likewise
+    (8, 16, False, {}, False),  # wgmma_tn stores head-major rows
+    (64, 64, False, {}, False),  # two splits merged in a cluster: no combine
+    (512, 128, False, {}, False),  # one split: direct
+])
+def test_sm90_partials_in_the_accumulator_order(monkeypatch, rows, heads, kv_fp8, override, native):
+    """Where a launch of wgmma_rr or wgmma_ws goes through the combine with a whole number of
+    64-head blocks, the split kernel stores its partials in the accumulator's order
+    (``PARTIAL_NATIVE``) and the combine is the kernel that reads that order; everywhere else
+    both stay head-major."""
+    from graphattn.kernels.flashmla import NATIVE_COMBINE, _flashmla_combine_kernel, _gluon, plan_flashmla
+    from graphattn.kernels.launch import clear_launch_plans
+
+    cuda_configs = _use_sm90_settings(monkeypatch)
+    if not cuda_configs.gluon_available():
+        pytest.skip("this triton has no Gluon Hopper dialect")
+    monkeypatch.setattr(type(current_platform()), "num_compute_units", lambda self: cuda_configs.SM90_SMS)
+    for tile in (cuda_configs._WGMMA_RR_TILE, cuda_configs._WGMMA_FP8_TILE, cuda_configs._WGMMA_TILE):
+        for key, value in override.items():
+            monkeypatch.setitem(tile, key, value)
+    clear_launch_plans()
+    try:
+        plan = plan_flashmla(rows, heads, 2048, 32, kv_fp8=kv_fp8)
+    finally:
+        clear_launch_plans()
+    where = f"[flashmla {heads}x{rows} fp8={kv_fp8} {override}] {plan.kernel} {plan.main!r} {plan.combine!r}"
+    assert bool(plan.main.kwargs.get("PARTIAL_NATIVE")) == native, where
+    if plan.combine is not None:
+        assert plan.combine.fn is (_gluon(*NATIVE_COMBINE) if native else _flashmla_combine_kernel), where
+        assert plan.combine.grid == ((rows * heads // 64 * 64,) if native else (rows * heads,)), where
+    else:
+        assert not native, where

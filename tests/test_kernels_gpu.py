@@ -14,7 +14,8 @@ from graphattn.common.reference import sparse_mla_reference
 
 # tests/ is on sys.path under pytest (rootdir conftest); share the CPU suite's harness.
 from test_kernels import (  # noqa: F401
-    _nan_poison, check_against_reference, check_unpadded_flashmla, make_inputs, run_path,
+    DEVICE, LSE_ATOL, TOLERANCES, _nan_poison, check_against_reference, check_unpadded_flashmla, make_inputs,
+    run_path,
 )
 
 pytestmark = pytest.mark.gpu
@@ -201,3 +202,63 @@ def test_flashmla_cluster_merge_replays_in_a_graph(heads, rows, topk, dtype, kv_
         check_fp8(f"flashmla {heads}x{rows} graph", *fresh, SCALE, r_out, r_lse, None, fmt)
     else:
         check_against_reference(f"flashmla {heads}x{rows} graph", *fresh, SCALE, r_out, r_lse)
+
+
+def _native_offsets() -> torch.Tensor:
+    """``[64, 512]``: where a Gluon kernel's accumulator-order store (``PARTIAL_NATIVE``) puts
+    head ``m``, column ``n`` of a head block's partial: consumer ``n // 256``'s half, at
+    (register pair, thread) of the wgmma accumulator layout (warp ``m // 16``, rows ``m % 8``
+    and ``m % 8 + 8`` of its 16, columns ``2 (lane % 4)`` and ``+ 1`` of each 8)."""
+    m = torch.arange(64)[:, None]
+    n = torch.arange(512)[None, :]
+    half, nn = n // 256, n % 256
+    thread = (m // 16) * 32 + (m % 8) * 4 + (nn % 8) // 2
+    pair = (nn // 8) * 2 + (m % 16) // 8  # register pair: 4 registers per 8 columns, 2 per row half
+    return half * 64 * 256 + pair * 256 + thread * 2 + nn % 2
+
+
+@pytest.mark.parametrize("heads,splits,dtype,pdl", [(64, 3, torch.bfloat16, 0), (128, 8, torch.float16, 0),
+                                                    (128, 32, torch.bfloat16, 1), (64, 1, torch.bfloat16, 1)])
+def test_flashmla_combine_reads_partials_in_the_accumulator_order(heads, splits, dtype, pdl):
+    """``_flashmla_combine_native_kernel`` (flashmla's combine where a Gluon kernel stored its
+    partials with ``PARTIAL_NATIVE``) merges a workspace in that order into what the float64
+    merge of the same partials gives: the order is the wgmma accumulator's (a permutation of
+    each 64-head block), splits with no valid token (lse -inf) weigh nothing, a head with none
+    anywhere gets 0 and -inf, and a split slot past ``num_splits`` (NaN) is never read."""
+    from graphattn.cuda.configs import gluon_available
+    from graphattn.kernels.launch import make_launch
+
+    if torch.version.hip is not None or torch.cuda.get_device_capability() != (9, 0) or not gluon_available():
+        pytest.skip("the native combine is a Gluon kernel for sm_90 (where the partials it reads are stored)")
+    from graphattn.kernels.wgmma_ws import _flashmla_combine_native_kernel
+
+    offsets = _native_offsets()
+    assert torch.equal(offsets.flatten().sort().values, torch.arange(64 * 512)), "not a permutation"
+    rows, slots = 3, splits + 1
+    part = torch.randn(rows, splits, heads, 512, dtype=torch.float64)
+    lse = torch.randn(rows, splits, heads, dtype=torch.float64) * 3
+    lse[0, 0] = float("-inf")  # an empty split of row 0
+    lse[1, :, 5] = float("-inf")  # head 5 of row 1 saw nothing valid
+    part[1, :, 5] = 0.0  # as a split kernel stores an empty head
+    ws_out = torch.full((rows, slots, heads, 512), float("nan"), device=DEVICE)
+    ws_lse = torch.full((rows, slots, heads), float("nan"), device=DEVICE)
+    native = torch.empty(rows, splits, heads // 64, 64 * 512, dtype=torch.float64)
+    native[..., offsets.flatten()] = part.reshape(rows, splits, heads // 64, 64 * 512)
+    ws_out[:, :splits] = native.reshape(rows, splits, heads, 512).float().to(DEVICE)
+    ws_lse[:, :splits] = lse.float().to(DEVICE)
+    out = torch.empty(rows, heads, 512, dtype=dtype, device=DEVICE)
+    lse_out = torch.empty(rows, heads, device=DEVICE)
+    launch = make_launch(_flashmla_combine_native_kernel, (rows * (heads // 64) * 64,),
+                         BLOCK_S=max(2, 1 << (splits - 1).bit_length()), D_NOPE=512, num_warps=4, num_stages=1,
+                         PDL=pdl, launch_pdl=bool(pdl))
+    launch(ws_out, ws_lse, out, lse_out, heads, splits, *ws_out.stride()[:3], *ws_lse.stride()[:2])
+    top = lse.max(dim=1).values
+    w = torch.exp(lse - torch.where(top.isinf(), 0.0, top)[:, None])
+    den = w.sum(dim=1)
+    ref = (w[..., None] * part).sum(dim=1) / torch.where(den == 0, 1.0, den)[..., None]
+    ref_lse = torch.where(den == 0, float("-inf"), top + torch.log(torch.where(den == 0, 1.0, den)))
+    atol, rtol = TOLERANCES[dtype]
+    where = f"[flashmla native combine {heads} heads x {splits} splits {dtype} pdl={pdl}]"
+    torch.testing.assert_close(out.double().cpu(), ref, atol=atol, rtol=rtol, msg=where)
+    torch.testing.assert_close(lse_out.double().cpu(), ref_lse, atol=LSE_ATOL, rtol=0, msg=where)
+    assert lse_out[1, 5].item() == float("-inf") and not out[1, 5].any(), where

@@ -55,8 +55,15 @@ _KV_MAJOR_TILE = {"BLOCK_H": 16, "BLOCK_N": 64, "IDX_AHEAD": 0, "KV_MAJOR": 1, "
 # within 0.2 (the predecessor, 8 warps that gathered and computed in turn, replaced at 4e1066f).
 # That predecessor measured against 32-token tiles with 3 or 4 slots (188 / 225 KB): 64 x 64 rows
 # 90.2 us vs 114.0 / 115.4, 128 x 512 866.5 vs 1128.9 / 1134.3.
+# Their split partials are stored in the accumulator's own order (partial_native, a host key:
+# graphattn.kernels.flashmla.PARTIAL_NATIVE_KERNELS; whole 64-head blocks), a warp's store one
+# run of 256 bytes instead of 8 rows of 32, and merged by a Gluon combine that reads that order:
+# A/B on the H200 (us, head-major -> native, docs/benchmarks.md) 128 x 8 21.61 -> 20.79, 64 x 8
+# 19.64 -> 18.95, 128 x 4 17.93 -> 17.22, 128 x 1 11.62 -> 11.37; FP8 128 x 8 28.35 -> 27.81,
+# 64 x 8 23.32 -> 22.74. (Its Triton combine, whose weights changed layout through shared
+# memory, cost more than the store saved: 128 x 8 21.58 -> 26.72.)
 _WGMMA_TILE = {"kernel": "wgmma_ws", "BLOCK_H": 64, "BLOCK_N": 64, "STAGES": 2, "num_warps": 4,
-               "num_stages": 1, "maxnreg": 168}
+               "num_stages": 1, "maxnreg": 168, "partial_native": 1}
 # 656-byte FP8 kv: the same warp-specialised kernel reading the tokens' bytes (KV_FP8=1, e4m3fn),
 # each tile dequantised in shared memory by both consumers (half its tokens each). It replaced an 8-warp kernel that
 # gathered, converted and computed in turn (kernels/wgmma_fp8.py up to 4011a35): 128 x 512 rows

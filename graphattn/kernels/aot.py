@@ -40,6 +40,7 @@ KERNELS = {
     "flashmla_wgmma_tn": ("graphattn.kernels.wgmma_tn", "_flashmla_tn_kernel", "flashmla"),
     "flashmla_wgmma_rr": ("graphattn.kernels.wgmma_rr", "_flashmla_rr_kernel", "flashmla"),
     "flashmla_combine": ("graphattn.kernels.flashmla", "_flashmla_combine_kernel", "flashmla_combine"),
+    "flashmla_combine_native": ("graphattn.kernels.wgmma_ws", "_flashmla_combine_native_kernel", "flashmla_combine"),
     "trtllm": ("graphattn.kernels.trtllm", "_trtllm_kernel", "trtllm"),
     "mega": ("graphattn.kernels.mega", "_mega_kernel", "mega"),
 }
@@ -72,7 +73,7 @@ def _configs(path: str, target: str, kv_fp8: bool = False) -> list[dict[str, Any
 # Constexprs a launch passes or leaves at their defaults (a parameter missing here and from
 # the config would be compiled as a runtime argument).
 _FIXED = {"D_NOPE": 512, "D_ROPE": 64, "DOT_F32": False, "DIRECT": False, "BLOCK_S": 32, "KV_FP8": 0,
-          "PDL": 0, "LAUNCH_DEPENDENTS": 0, "CLUSTER": 0, **LOOP_DEFAULTS}
+          "PDL": 0, "LAUNCH_DEPENDENTS": 0, "CLUSTER": 0, "PARTIAL_NATIVE": 0, **LOOP_DEFAULTS}
 
 
 def fp8_code(target: str) -> int:
@@ -94,6 +95,8 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
     for target in targets:
         for kernel, (_, _, path) in KERNELS.items():
             key = _KERNEL_KEY.get(kernel)
+            if not runs_on(kernel, target):
+                continue
             configs = [c for c in _configs(path, target) if c.get("kernel") == key]
             fp8_configs = [c for c in _configs(path, target, kv_fp8=True) if c.get("kernel") == key]
             if not configs and not fp8_configs:
@@ -119,6 +122,8 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
                         variants.append(("bf16", {**kv, "LAUNCH_DEPENDENTS": 1}))
                     if "CLUSTER" in names and cfg.get("cluster_merge"):
                         variants.append(("bf16", {**kv, "CLUSTER": 2}))  # two splits merged by a cluster
+                    if "PARTIAL_NATIVE" in names and cfg.get("partial_native"):
+                        variants.append(("bf16", {**kv, "PARTIAL_NATIVE": 1}))  # partials in the accumulator's order
                 for dtype, extra in variants:
                     job = (kernel, target, {**meta, **extra}, opts, dtype)
                     key = json.dumps(job, sort_keys=True)
@@ -126,6 +131,15 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
                         seen.add(key)
                         out.append(job)
     return out
+
+
+def runs_on(kernel: str, target: str) -> bool:
+    """Whether ``target``'s launch settings can run ``kernel`` at all: flashmla's native combine
+    reads only what a Gluon kernel stores with ``PARTIAL_NATIVE`` (the ``partial_native`` host
+    key); every other kernel runs wherever its path has a setting."""
+    if kernel != "flashmla_combine_native":
+        return True
+    return any(cfg.get("partial_native") for kv_fp8 in (False, True) for cfg in _configs("flashmla", target, kv_fp8))
 
 
 def _combine_pdl(target: str) -> bool:

@@ -3,9 +3,11 @@
 Launch 1 (``_flashmla_split_kernel``, or on sm_90 a Gluon kernel of :data:`GLUON_KERNELS`): one
 program per (row, split, head block) attends over its slice of the row's top-k and writes a
 normalised partial (out f32, natural-log lse) into the caller's workspace. Launch 2
-(``_flashmla_combine_kernel``) merges the partials; where the launch table says so (sm_90, few
-rows) it is a programmatic dependent launch that starts while the split programs finish and
-waits for their stores inside the kernel. With a single split the first launch writes
+(``_flashmla_combine_kernel``, or the Gluon ``_flashmla_combine_native_kernel`` of
+:mod:`graphattn.kernels.wgmma_ws` for partials a Gluon kernel stored in its accumulator's
+order) merges the partials; where the launch table says so (sm_90, few rows) it is a
+programmatic dependent launch that starts while the split programs finish and waits for their
+stores inside the kernel. With a single split the first launch writes
 ``out``/``lse`` directly and the combine is skipped; so it is where the launch setting says
 ``cluster_merge`` and a Gluon kernel of :data:`CLUSTER_MERGE_KERNELS` runs two splits: they
 run as a thread-block cluster of two and merge inside the first launch.
@@ -102,6 +104,14 @@ GLUON_KERNELS = {
 # ``cluster_min_fill`` (default 0) of the compute units.
 CLUSTER_MERGE_KERNELS = ("wgmma_rr", "wgmma_ws")
 
+# Gluon kernels that can store their split partials in their accumulator's own order
+# (``PARTIAL_NATIVE``: a warp's store is 256 contiguous bytes, where head-major rows make it 8
+# rows of 32 bytes), read back by ``_flashmla_combine_native_kernel``: where the launch setting
+# says ``partial_native``, the heads are a multiple of the 64-head block (a block's partial is
+# then all inside the workspace's heads) and the splits go through the combine.
+PARTIAL_NATIVE_KERNELS = ("wgmma_rr", "wgmma_ws")
+NATIVE_COMBINE = ("wgmma_ws", "_flashmla_combine_native_kernel")  # Gluon, beside the store it reads
+
 
 def _split_kernel(q, kv, topk):
     """``(kernel, cfg)`` of the first launch (see :func:`_select`)."""
@@ -132,12 +142,16 @@ def _select(rows: int, heads: int, topk: int, aligned: bool,
                 "triton")
     if not gluon:
         return _flashmla_split_kernel, cfg, "triton_kv_major" if cfg.get("KV_MAJOR") else "triton"
-    module, fn = GLUON_KERNELS[cfg["kernel"]]
+    return _gluon(*GLUON_KERNELS[cfg["kernel"]]), cfg, cfg["kernel"]
+
+
+def _gluon(module: str, fn: str) -> Callable:
+    """Gluon function ``fn`` of kernel module ``module``, imported on first use."""
     # Where kernels are interpreted (a CPU process planning with sm_90's table) Gluon imports
     # only with the interpreter's knob on, like every kernel module here; it never runs there.
     with triton_interpreter_env():
         gluon_module = importlib.import_module(f"{__package__}.{module}")
-    return getattr(gluon_module, fn), cfg, cfg["kernel"]
+    return getattr(gluon_module, fn)
 
 
 def kernel_name(q: torch.Tensor, kv: torch.Tensor, topk: int) -> str:
@@ -165,7 +179,12 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
     combine = None
     if splits > 1 and not meta.get("CLUSTER"):
         cmeta, copts = launch_parts(path_config(PATH + "_combine", rows, heads, topk, platform))
-        combine = make_launch(_flashmla_combine_kernel, (rows * heads,),
+        if cfg.get("partial_native") and name in PARTIAL_NATIVE_KERNELS and heads % meta["BLOCK_H"] == 0:
+            meta["PARTIAL_NATIVE"] = 1
+            combine_fn, combine_grid = _gluon(*NATIVE_COMBINE), rows * head_blocks * (D_V // 8)
+        else:
+            combine_fn, combine_grid = _flashmla_combine_kernel, rows * heads
+        combine = make_launch(combine_fn, (combine_grid,),
                               BLOCK_S=max(2, triton.next_power_of_2(splits)), D_NOPE=D_V, **cmeta, **copts)
         # A combine launched as a programmatic dependent launch may start on the SMs the split
         # programs leave idle, once every split program has started (they say so first thing).

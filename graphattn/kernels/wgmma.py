@@ -36,6 +36,13 @@ def _launch_dependents():
 
 
 @gluon.jit
+def _gdc_wait():
+    """``griddepcontrol.wait``: in a programmatic dependent launch, wait until the kernel before
+    has finished and its stores are visible."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _cluster_arrive(RELEASE: gl.constexpr):
     """``barrier.cluster.arrive`` in every thread (``RELEASE``: this thread's earlier stores are
     visible to the threads of the cluster that pass the matching :func:`_cluster_wait`)."""

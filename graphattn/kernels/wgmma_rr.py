@@ -137,7 +137,7 @@ def _consumer_rr(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out
                  H, pool, qk_scale, row, hb, split, start, end, n_rounds,
                  stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
                  BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-                 DIRECT: gl.constexpr, WG: gl.constexpr, CLUSTER: gl.constexpr = 0):
+                 DIRECT: gl.constexpr, WG: gl.constexpr, CLUSTER: gl.constexpr = 0, NATIVE: gl.constexpr = 0):
     """Consumer ``WG``: tile ``k{WG}`` of every round and output columns ``[WG * 256, WG * 256 + 256)``."""
     q_nope, q_rope, k_nope, k_rope, p1, stat_m, stat_l = smem
     q_ready, ready, free, m0_ready, m1_ready, s0_ready, s1_ready, l_ready = bars
@@ -228,7 +228,7 @@ def _consumer_rr(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out
     # Both hold their outputs and sums at the last round's max: add the sums, store.
     _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr, row, hb, split, H,
             stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, row_s, o_layout, BLOCK_H, D_NOPE, DIRECT, WG,
-            CLUSTER, stat_m)
+            CLUSTER, stat_m, NATIVE)
 
 
 @gluon.jit
@@ -239,7 +239,7 @@ def _flashmla_rr_kernel(
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     STAGES: gl.constexpr, DIRECT: gl.constexpr, KV_FP8: gl.constexpr = 0, LAUNCH_DEPENDENTS: gl.constexpr = 0,
-    CLUSTER: gl.constexpr = 0,
+    CLUSTER: gl.constexpr = 0, PARTIAL_NATIVE: gl.constexpr = 0,
 ):
     """Arguments, grid and outputs as ``_flashmla_split_kernel`` with ``BLOCK_N = 128`` (a round
     of two 64-token tiles, so splits hold whole rounds); launch with ``num_warps=4`` and
@@ -301,9 +301,9 @@ def _flashmla_rr_kernel(
         (_consumer_rr, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                         H, pool, qk_scale, row, hb, split, start, end, n_rounds,
                         stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                        stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 0, CLUSTER)),
+                        stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 0, CLUSTER, PARTIAL_NATIVE)),
         (_consumer_rr, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                         H, pool, qk_scale, row, hb, split, start, end, n_rounds,
                         stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                        stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 1, CLUSTER)),
+                        stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 1, CLUSTER, PARTIAL_NATIVE)),
     ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])

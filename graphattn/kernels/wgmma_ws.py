@@ -63,6 +63,7 @@ from .wgmma import (
     _cluster_wait,
     _cta_barrier,
     _gather_tile,
+    _gdc_wait,
     _launch_dependents,
     _load_indices,
     _load_q,
@@ -345,7 +346,7 @@ def _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
               stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
               DIRECT: gl.constexpr, KV_FP8: gl.constexpr, WG: gl.constexpr, CLUSTER: gl.constexpr = 0,
-              o_ready=None):
+              o_ready=None, NATIVE: gl.constexpr = 0):
     """Consumer warpgroup ``WG`` (0 or 1): scores and softmax of tiles ``t % 2 == WG``, output
     columns ``[WG * 256, WG * 256 + 256)`` of every tile."""
     q_nope, q_rope, k_nope, k_rope, stat_m, stat_l, k_raw, k_scale, k_rope_bits, k_scale_rows = smem
@@ -409,14 +410,15 @@ def _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
                          WG)
     else:
         _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr, row, hb, split, H,
-                stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, row_s, o_layout, BLOCK_H, D_NOPE, DIRECT, WG)
+                stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, row_s, o_layout, BLOCK_H, D_NOPE, DIRECT, WG,
+                0, None, NATIVE)
 
 
 @gluon.jit
 def _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr, row, hb, split, H,
             stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, row_s: gl.constexpr, o_layout: gl.constexpr,
             BLOCK_H: gl.constexpr, D_NOPE: gl.constexpr, DIRECT: gl.constexpr, WG: gl.constexpr,
-            CLUSTER: gl.constexpr = 0, stat_w=None):
+            CLUSTER: gl.constexpr = 0, stat_w=None, NATIVE: gl.constexpr = 0):
     """Consumer ``WG``'s end: add the other consumer's row sum ``l`` (both at the row max ``m``),
     then store its half of the normalised output (``acc`` ``[BLOCK_H, 256]``, columns ``WG *
     256``) and, consumer 0, the lse: the final ``out``/``lse`` (``DIRECT``) or a split's partial.
@@ -449,7 +451,7 @@ def _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws
             gl.store(lse_ptr + row.to(gl.int64) * H + h_s, lse, mask=h_s < H)
     else:
         _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, stride_wr, stride_ws, stride_wh,
-                       stride_lr, stride_ls, o_layout, BLOCK_H, HALF, WG, WG == 0)
+                       stride_lr, stride_ls, o_layout, BLOCK_H, HALF, WG, WG == 0, NATIVE)
 
 
 @gluon.jit
@@ -570,7 +572,7 @@ def _producer_merge(q_nope, k_nope, stat_m, wts, out_ptr, lse_ptr, ws_out_ptr, w
 @gluon.jit
 def _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, stride_wr, stride_ws, stride_wh,
                    stride_lr, stride_ls, o_layout: gl.constexpr, BLOCK_H: gl.constexpr, HALF: gl.constexpr,
-                   WG: gl.constexpr, LSE: gl.constexpr):
+                   WG: gl.constexpr, LSE: gl.constexpr, NATIVE: gl.constexpr = 0):
     """Consumer ``WG``'s half of split ``split``'s normalised partial (``out`` ``[BLOCK_H, 256]``
     f32, columns ``WG * 256``) into the workspace, and with ``LSE`` the split's lse (``lse`` and
     its heads ``h_s`` ``[BLOCK_H]``)."""
@@ -579,9 +581,76 @@ def _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, str
     h_o = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
     d_o = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
     w_base = ws_out_ptr + row.to(gl.int64) * stride_wr + split * stride_ws
-    gl.store(w_base + h_o[:, None] * stride_wh + d_o[None, :], out, mask=(h_o < H)[:, None])
+    if NATIVE:
+        # The head block's partial in the accumulator's own order: element (m, n) of this half at
+        # (register pair, thread), so that a warp's store is 256 contiguous bytes.
+        m = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
+        n = gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
+        off_m = (m // 16) * 64 + ((m % 16) // 8) * 256 + (m % 8) * 8
+        off_n = (n // 8) * 512 + n % 8
+        base = w_base + hb * BLOCK_H * stride_wh + WG * BLOCK_H * HALF
+        gl.store(base + off_m[:, None] + off_n[None, :], out, mask=(h_o < H)[:, None])
+    else:
+        gl.store(w_base + h_o[:, None] * stride_wh + d_o[None, :], out, mask=(h_o < H)[:, None])
     if LSE:
         gl.store(ws_lse_ptr + row.to(gl.int64) * stride_lr + split * stride_ls + h_s, lse, mask=h_s < H)
+
+
+@gluon.jit
+def _flashmla_combine_native_kernel(
+    ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr, H, num_splits,
+    stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+    BLOCK_S: gl.constexpr, D_NOPE: gl.constexpr, PDL: gl.constexpr = 0,
+):
+    """flashmla's combine of partials stored in the accumulator's order (``NATIVE`` of
+    :func:`_store_partial`; ``H`` a multiple of 64): ``out`` ``[rows, H, D_NOPE]`` in q's dtype and
+    natural-log ``lse`` ``[rows, H]`` f32 from ``ws_out`` ``[rows, >= num_splits, H, D_NOPE]`` and
+    ``ws_lse`` ``[rows, >= num_splits, H]`` f32, as ``_flashmla_combine_kernel`` does for head-major
+    partials. A head block's partial is 64 runs of 512 floats: run ``g`` holds columns
+    ``[8 g, 8 g + 8)`` of all 64 heads as ``[64 k, 8 c]``, row ``k`` being head
+    ``16 (k // 8 % 4) + 8 (k // 32) + k % 8``. One program per (row, head block, run), grid
+    ``rows * H // 64 * 64``, ``num_warps=4``; ``BLOCK_S`` (a power of two >= 2) >= ``num_splits``."""
+    # Each thread holds [BLOCK_S / TS splits, 1 head, 8 columns]: a head's weight multiplies its 8
+    # columns in registers and the sum over the splits stays in the thread but for one or two
+    # shuffles: no shared memory and no barrier (a Triton combine of the same tile converted the
+    # weights' layout through shared memory: 13 barriers).
+    TS: gl.constexpr = 2 if BLOCK_S <= 32 else 4
+    L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[BLOCK_S // TS, 1, 8], threads_per_warp=[TS, 32 // TS, 1],
+                                        warps_per_cta=[1, 4, 1], order=[2, 1, 0])
+    L2: gl.constexpr = gl.SliceLayout(2, L3)  # [BLOCK_S, 64]: the splits' lse
+    LO: gl.constexpr = gl.SliceLayout(0, L3)  # [64, 8]: the output
+    if PDL:  # launched before the split kernel finished: wait for it (and its stores) here
+        _gdc_wait()
+    RUNS: gl.constexpr = D_NOPE // 8
+    pid = gl.program_id(0)
+    g = pid % RUNS
+    hb = (pid // RUNS) % (H // 64)
+    row = (pid // (RUNS * (H // 64))).to(gl.int64)
+    s = gl.expand_dims(gl.arange(0, BLOCK_S, layout=gl.SliceLayout(1, L2)), 1)
+    k1 = gl.arange(0, 64, layout=gl.SliceLayout(0, L2))
+    k = gl.expand_dims(k1, 0)
+    c = gl.arange(0, 8, layout=gl.SliceLayout(0, LO))
+    s_mask = s < num_splits
+    # The partials' loads first, so that their latency overlaps the lse's and its reductions.
+    run = ws_out_ptr + row * stride_wr + hb * 64 * stride_wh + g * 8 * 64
+    o_s = gl.load(run + gl.expand_dims(s * stride_ws + k * 8, 2) + gl.expand_dims(gl.expand_dims(c, 0), 0),
+                  mask=gl.expand_dims(s_mask, 2), other=0.0)  # [BLOCK_S, 64, 8]
+    h1 = hb * 64 + (k1 // 8 % 4) * 16 + (k1 // 32) * 8 + k1 % 8
+    lse_s = gl.load(ws_lse_ptr + row * stride_lr + s * stride_ls + gl.expand_dims(h1, 0), mask=s_mask,
+                    other=float("-inf"))
+    m = gl.max(lse_s, axis=0)
+    m_ref = gl.where(m == float("-inf"), 0.0, m)
+    w2 = gl.exp(lse_s - gl.expand_dims(m_ref, 0))  # 0 for empty and unused splits
+    w = gl.expand_dims(w2, 2)
+    w_sum = gl.sum(w, axis=0)  # [64, 1], in the output's layout
+    out = gl.sum(w * o_s, axis=0) / gl.where(w_sum == 0.0, 1.0, w_sum)
+    ko = gl.arange(0, 64, layout=gl.SliceLayout(1, LO))
+    ho = gl.expand_dims(hb * 64 + (ko // 8 % 4) * 16 + (ko // 32) * 8 + ko % 8, 1)
+    gl.store(out_ptr + (row * H + ho) * D_NOPE + g * 8 + gl.expand_dims(c, 0), out.to(out_ptr.dtype.element_ty))
+    if g == 0:
+        l = gl.sum(w2, axis=0)  # [64], in the lse's layout
+        lse = gl.where(l == 0.0, float("-inf"), m_ref + gl.log(gl.where(l == 0.0, 1.0, l)))
+        gl.store(lse_ptr + row * H + h1, lse)
 
 
 @gluon.jit
@@ -712,7 +781,7 @@ def _flashmla_ws_kernel(
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     STAGES: gl.constexpr, DIRECT: gl.constexpr, KV_FP8: gl.constexpr = 0, LAUNCH_DEPENDENTS: gl.constexpr = 0,
-    CLUSTER: gl.constexpr = 0,
+    CLUSTER: gl.constexpr = 0, PARTIAL_NATIVE: gl.constexpr = 0,
 ):
     """Arguments, grid and outputs as ``_flashmla_split_kernel`` (graphattn.kernels.flashmla);
     launch with ``num_warps=4`` and ``maxnreg=168`` (12 warps run: producer, two consumers).
@@ -793,9 +862,11 @@ def _flashmla_ws_kernel(
         (_consumer, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                      H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                      stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 0, CLUSTER, o_ready)),
+                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 0, CLUSTER, o_ready,
+                     PARTIAL_NATIVE)),
         (_consumer, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                      H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                      stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 1, CLUSTER, o_ready)),
+                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 1, CLUSTER, o_ready,
+                     PARTIAL_NATIVE)),
     ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])

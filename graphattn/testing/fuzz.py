@@ -218,6 +218,13 @@ REGRESSION_SHAPES = (
     # rows: 112 CTAs, enough of the SMs for FP8's cluster merge), with a one-head second head
     # block and an all-invalid row.
     _regression(65, 200, 28, 5000, empty_rows=1, kv_dtype=KV_FP8),
+    # Split partials stored in the accumulator's order and merged by the Gluon combine (whole
+    # 64-head blocks): wgmma_rr in 4 splits with indices past the pool; wgmma_ws at one row in
+    # 5 splits, its combine a programmatic dependent launch; FP8 tokens (wgmma_ws) in 5 splits
+    # with an all-invalid row.
+    _regression(128, 400, 6, 5000, out_of_range=0.2),
+    _regression(128, 300, 1, 5000),
+    _regression(64, 300, 4, 5000, empty_rows=1, kv_dtype=KV_FP8),
 )
 
 
@@ -310,9 +317,9 @@ def poisoned_empty() -> Iterator[None]:
 
 def kernel_label(case: FuzzCase, q: torch.Tensor, kv: torch.Tensor, platform=None) -> str:
     """Which kernel a flashmla case runs (a Gluon kernel's key such as ``wgmma_rr``, with
-    ``+cluster`` where its two splits merge in a thread-block cluster, ``triton_kv_major``,
-    ``triton``); the backend name for the others. ``platform``: whose launch table (default
-    the current one)."""
+    ``+cluster`` where its two splits merge in a thread-block cluster and ``+native`` where its
+    partials go to the combine in the accumulator's order, ``triton_kv_major``, ``triton``); the
+    backend name for the others. ``platform``: whose launch table (default the current one)."""
     if case.backend != "flashmla":
         return case.backend
     from ..common.kv_layout import is_fp8_kv
@@ -320,7 +327,8 @@ def kernel_label(case: FuzzCase, q: torch.Tensor, kv: torch.Tensor, platform=Non
     from ..kernels.launch import aligned_16
 
     plan = plan_flashmla(q.shape[0], q.shape[1], case.topk, 64, aligned_16(q, kv), is_fp8_kv(kv), platform)
-    return plan.kernel + ("+cluster" if plan.main.cluster > 1 else "")
+    return (plan.kernel + ("+cluster" if plan.main.cluster > 1 else "")
+            + ("+native" if plan.main.kwargs.get("PARTIAL_NATIVE") else ""))
 
 
 def run_case(case: FuzzCase, device: torch.device | None = None, sm_scale: float = D_QK**-0.5) -> CaseResult:
