@@ -41,7 +41,10 @@ producer measured 1.34x slower (its 40 registers leave it no overlap: docs/bench
 Outputs and conventions are those of ``_flashmla_split_kernel`` (graphattn.kernels.flashmla): a
 normalised partial (or the final ``out``/``lse`` with ``DIRECT``), scores in base 2, an index
 outside ``[0, pool)`` never read, heads ``>= H`` of the last head block masked (zeros in, never
-stored). bf16/fp16 q; kv in q's dtype or FP8 tokens, with 16-byte aligned rows.
+stored). bf16/fp16 q; kv in q's dtype or FP8 tokens, with 16-byte aligned rows. With
+``PARTIAL_NATIVE`` (whole 64-head blocks) a partial is stored in the accumulator's own order
+(:func:`_store_partial`) and :func:`_flashmla_combine_native_kernel`, the combine launch that
+reads that order, is here too (``wgmma_rr`` stores its partials the same way).
 """
 
 from __future__ import annotations
@@ -584,6 +587,7 @@ def _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, str
     if NATIVE:
         # The head block's partial in the accumulator's own order: element (m, n) of this half at
         # (register pair, thread), so that a warp's store is 256 contiguous bytes.
+        gl.static_assert(BLOCK_H == 64 and HALF == 256, "the native order is that of a [64, 256] accumulator")
         m = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
         n = gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
         off_m = (m // 16) * 64 + ((m % 16) // 8) * 256 + (m % 8) * 8
@@ -610,12 +614,12 @@ def _flashmla_combine_native_kernel(
     ``[8 g, 8 g + 8)`` of all 64 heads as ``[64 k, 8 c]``, row ``k`` being head
     ``16 (k // 8 % 4) + 8 (k // 32) + k % 8``. One program per (row, head block, run), grid
     ``rows * H // 64 * 64``, ``num_warps=4``; ``BLOCK_S`` (a power of two >= 2) >= ``num_splits``."""
-    # Each thread holds [BLOCK_S / TS splits, 1 head, 8 columns]: a head's weight multiplies its 8
-    # columns in registers and the sum over the splits stays in the thread but for one or two
-    # shuffles: no shared memory and no barrier (a Triton combine of the same tile converted the
+    # Each thread holds [BLOCK_S / 2 splits, 1 head, 8 columns]: a head's weight multiplies its 8
+    # columns in registers and the sum over the splits stays in the thread but for one shuffle:
+    # no shared memory and no barrier (a Triton combine of the same tile converted the
     # weights' layout through shared memory: 13 barriers).
-    TS: gl.constexpr = 2 if BLOCK_S <= 32 else 4
-    L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[BLOCK_S // TS, 1, 8], threads_per_warp=[TS, 32 // TS, 1],
+    gl.static_assert(BLOCK_S <= 32, "at most 32 splits (graphattn.cuda.configs.FLASHMLA_MAX_SPLITS)")
+    L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[BLOCK_S // 2, 1, 8], threads_per_warp=[2, 16, 1],
                                         warps_per_cta=[1, 4, 1], order=[2, 1, 0])
     L2: gl.constexpr = gl.SliceLayout(2, L3)  # [BLOCK_S, 64]: the splits' lse
     LO: gl.constexpr = gl.SliceLayout(0, L3)  # [64, 8]: the output
