@@ -516,6 +516,8 @@ def test_sm90_partials_in_the_accumulator_order(monkeypatch, rows, heads, kv_fp8
     assert bool(plan.main.kwargs.get("PARTIAL_NATIVE")) == native, where
     if plan.combine is not None:
         assert plan.combine.fn is (_gluon(*NATIVE_COMBINE) if native else _flashmla_combine_kernel), where
+        # partials in q's dtype (the launch setting's 2) are read so by the combine
+        assert plan.combine.kwargs.get("PARTIAL_16", 0) == (plan.main.kwargs.get("PARTIAL_NATIVE") == 2), where
         assert plan.combine.grid == ((rows * heads // 64 * 64,) if native else (rows * heads,)), where
     else:
         assert not native, where

@@ -32,6 +32,26 @@ def test_bf16_real_sizes(path, heads, rows):
     check_against_reference(path, q, kv, idx, SCALE, out, lse, counter)
 
 
+@pytest.mark.parametrize("heads,rows", [(128, 8), (64, 2), (128, 1)])  # wgmma_rr; wgmma_ws, the last with PDL
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_flashmla_split_partials_in_q_dtype(heads, rows, dtype):
+    """Where flashmla's splits of whole 64-head blocks go through the combine, sm_90's Gluon
+    kernels store each partial in q's dtype in the accumulator's order (``PARTIAL_NATIVE=2``) and
+    the combine reads it so: fp16 and bf16 q against the float64 reference."""
+    from graphattn.common.metadata import GraphMetadata
+    from graphattn.cuda.configs import gluon_available
+    from graphattn.kernels import split_plan
+    from graphattn.kernels.flashmla import plan_flashmla
+
+    q, kv, idx = make_inputs(rows, heads, 2077, pool=rows * 2048 + 4096, dtype=dtype, invalid_frac=0.1)
+    md = GraphMetadata(rows, heads, 2077, dtype, q.device, **split_plan("flashmla", heads, 2077).metadata_kwargs())
+    plan = plan_flashmla(rows, heads, 2077, md.workspace_for(rows)[0].shape[1])  # what run_path's call plans
+    if torch.version.hip is None and torch.cuda.get_device_capability() == (9, 0) and gluon_available():
+        assert plan.main.kwargs.get("PARTIAL_NATIVE") == 2, f"[flashmla {heads}x{rows} {dtype}] {plan.main!r}"
+    out, lse, _ = run_path("flashmla", q, kv, idx, SCALE)
+    check_against_reference(f"flashmla ({plan.kernel}, {plan.splits} splits) {dtype}", q, kv, idx, SCALE, out, lse)
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("rows", [2, 5])  # flashmla on sm_90: 2 x 20 heads run the tokens-major tile, 5 the Gluon one
 def test_fp16_long_topk_and_odd_heads(path, rows):
@@ -219,12 +239,15 @@ def _native_offsets() -> torch.Tensor:
 
 @pytest.mark.parametrize("heads,splits,dtype,pdl", [(64, 3, torch.bfloat16, 0), (128, 8, torch.float16, 0),
                                                     (128, 32, torch.bfloat16, 1), (64, 1, torch.bfloat16, 1)])
-def test_flashmla_combine_reads_partials_in_the_accumulator_order(heads, splits, dtype, pdl):
+@pytest.mark.parametrize("partial_16", [0, 1])
+def test_flashmla_combine_reads_partials_in_the_accumulator_order(heads, splits, dtype, pdl, partial_16):
     """``_flashmla_combine_native_kernel`` (flashmla's combine where a Gluon kernel stored its
-    partials with ``PARTIAL_NATIVE``) merges a workspace in that order into what the float64
-    merge of the same partials gives: the order is the wgmma accumulator's (a permutation of
-    each 64-head block), splits with no valid token (lse -inf) weigh nothing, a head with none
-    anywhere gets 0 and -inf, and a split slot past ``num_splits`` (NaN) is never read."""
+    partials with ``PARTIAL_NATIVE``: f32, or with ``PARTIAL_16`` in the output's dtype in the
+    first half of each head block's f32 slab) merges a workspace in that order into what the
+    float64 merge of the same partials gives: the order is the wgmma accumulator's (a
+    permutation of each 64-head block), splits with no valid token (lse -inf) weigh nothing, a
+    head with none anywhere gets 0 and -inf, and a split slot past ``num_splits`` (NaN) is never
+    read."""
     from graphattn.cuda.configs import gluon_available
     from graphattn.kernels.launch import make_launch
 
@@ -244,13 +267,19 @@ def test_flashmla_combine_reads_partials_in_the_accumulator_order(heads, splits,
     ws_lse = torch.full((rows, slots, heads), float("nan"), device=DEVICE)
     native = torch.empty(rows, splits, heads // 64, 64 * 512, dtype=torch.float64)
     native[..., offsets.flatten()] = part.reshape(rows, splits, heads // 64, 64 * 512)
-    ws_out[:, :splits] = native.reshape(rows, splits, heads, 512).float().to(DEVICE)
+    if partial_16:  # as the split kernels store them: rounded to the output's dtype
+        part = part.to(dtype).double()
+        native[..., offsets.flatten()] = part.reshape(rows, splits, heads // 64, 64 * 512)
+        halves = ws_out.view(dtype).view(rows, slots, heads // 64, 2, 64 * 512)
+        halves[:, :splits, :, 0] = native.to(dtype).to(DEVICE)
+    else:
+        ws_out[:, :splits] = native.reshape(rows, splits, heads, 512).float().to(DEVICE)
     ws_lse[:, :splits] = lse.float().to(DEVICE)
     out = torch.empty(rows, heads, 512, dtype=dtype, device=DEVICE)
     lse_out = torch.empty(rows, heads, device=DEVICE)
     launch = make_launch(_flashmla_combine_native_kernel, (rows * (heads // 64) * 64,),
                          BLOCK_S=max(2, 1 << (splits - 1).bit_length()), D_NOPE=512, num_warps=4, num_stages=1,
-                         PDL=pdl, launch_pdl=bool(pdl))
+                         PDL=pdl, launch_pdl=bool(pdl), PARTIAL_16=partial_16)
     launch(ws_out, ws_lse, out, lse_out, heads, splits, *ws_out.stride()[:3], *ws_lse.stride()[:2])
     top = lse.max(dim=1).values
     w = torch.exp(lse - torch.where(top.isinf(), 0.0, top)[:, None])
@@ -258,7 +287,7 @@ def test_flashmla_combine_reads_partials_in_the_accumulator_order(heads, splits,
     ref = (w[..., None] * part).sum(dim=1) / torch.where(den == 0, 1.0, den)[..., None]
     ref_lse = torch.where(den == 0, float("-inf"), top + torch.log(torch.where(den == 0, 1.0, den)))
     atol, rtol = TOLERANCES[dtype]
-    where = f"[flashmla native combine {heads} heads x {splits} splits {dtype} pdl={pdl}]"
+    where = f"[flashmla native combine {heads} heads x {splits} splits {dtype} pdl={pdl} partial_16={partial_16}]"
     torch.testing.assert_close(out.double().cpu(), ref, atol=atol, rtol=rtol, msg=where)
     torch.testing.assert_close(lse_out.double().cpu(), ref_lse, atol=LSE_ATOL, rtol=0, msg=where)
     assert lse_out[1, 5].item() == float("-inf") and not out[1, 5].any(), where

@@ -61,9 +61,15 @@ _KV_MAJOR_TILE = {"BLOCK_H": 16, "BLOCK_N": 64, "IDX_AHEAD": 0, "KV_MAJOR": 1, "
 # A/B on the H200 (us, head-major -> native, docs/benchmarks.md) 128 x 8 21.61 -> 20.79, 64 x 8
 # 19.64 -> 18.95, 128 x 4 17.93 -> 17.22, 128 x 1 11.62 -> 11.37; FP8 128 x 8 28.35 -> 27.81,
 # 64 x 8 23.32 -> 22.74. (Its Triton combine, whose weights changed layout through shared
-# memory, cost more than the store saved: 128 x 8 21.58 -> 26.72.)
+# memory, cost more than the store saved: 128 x 8 21.58 -> 26.72.) In q's dtype (partial_native
+# 2: half the bytes, stored straight from the accumulator in whole sectors; the f32 partials
+# took ~3.8 us to store at 128 x 8, 16.8 MB at ~4.4 TB/s) against f32 in the same order (us):
+# 128 x 8 20.80 -> 18.17, 64 x 8 18.89 -> 16.32, 128 x 4 17.13 -> 14.83, 128 x 1 11.34 -> 9.93,
+# 64 x 2 12.10 -> 10.70; FP8 128 x 8 27.65 -> 24.85, 64 x 8 22.78 -> 19.66. Each partial is
+# rounded to q's dtype once more before the combine: the checks' worst error went from
+# 0.05-0.07 to 0.06-0.09 of the tolerance.
 _WGMMA_TILE = {"kernel": "wgmma_ws", "BLOCK_H": 64, "BLOCK_N": 64, "STAGES": 2, "num_warps": 4,
-               "num_stages": 1, "maxnreg": 168, "partial_native": 1}
+               "num_stages": 1, "maxnreg": 168, "partial_native": 2}
 # 656-byte FP8 kv: the same warp-specialised kernel reading the tokens' bytes (KV_FP8=1, e4m3fn),
 # each tile dequantised in shared memory by both consumers (half its tokens each). It replaced an 8-warp kernel that
 # gathered, converted and computed in turn (kernels/wgmma_fp8.py up to 4011a35): 128 x 512 rows

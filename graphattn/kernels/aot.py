@@ -73,7 +73,8 @@ def _configs(path: str, target: str, kv_fp8: bool = False) -> list[dict[str, Any
 # Constexprs a launch passes or leaves at their defaults (a parameter missing here and from
 # the config would be compiled as a runtime argument).
 _FIXED = {"D_NOPE": 512, "D_ROPE": 64, "DOT_F32": False, "DIRECT": False, "BLOCK_S": 32, "KV_FP8": 0,
-          "PDL": 0, "LAUNCH_DEPENDENTS": 0, "CLUSTER": 0, "PARTIAL_NATIVE": 0, **LOOP_DEFAULTS}
+          "PDL": 0, "LAUNCH_DEPENDENTS": 0, "CLUSTER": 0, "PARTIAL_NATIVE": 0, "PARTIAL_16": 0,
+          **LOOP_DEFAULTS}
 
 
 def fp8_code(target: str) -> int:
@@ -122,8 +123,12 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
                         variants.append(("bf16", {**kv, "LAUNCH_DEPENDENTS": 1}))
                     if "CLUSTER" in names and cfg.get("cluster_merge"):
                         variants.append(("bf16", {**kv, "CLUSTER": 2}))  # two splits merged by a cluster
-                    if "PARTIAL_NATIVE" in names and cfg.get("partial_native"):
-                        variants.append(("bf16", {**kv, "PARTIAL_NATIVE": 1}))  # partials in the accumulator's order
+                    if "PARTIAL_NATIVE" in names and cfg.get("partial_native"):  # partials in the accumulator's order
+                        variants.append(("bf16", {**kv, "PARTIAL_NATIVE": cfg["partial_native"]}))
+                if "PARTIAL_16" in names and _partial_native(target) == 2:  # the combine of 16-bit partials
+                    variants.append(("bf16", {"PARTIAL_16": 1}))  # with each setting (plain, PDL)
+                    if i == 0:
+                        variants.append(("fp16", {"PARTIAL_16": 1}))
                 for dtype, extra in variants:
                     job = (kernel, target, {**meta, **extra}, opts, dtype)
                     key = json.dumps(job, sort_keys=True)
@@ -137,9 +142,13 @@ def runs_on(kernel: str, target: str) -> bool:
     """Whether ``target``'s launch settings can run ``kernel`` at all: flashmla's native combine
     reads only what a Gluon kernel stores with ``PARTIAL_NATIVE`` (the ``partial_native`` host
     key); every other kernel runs wherever its path has a setting."""
-    if kernel != "flashmla_combine_native":
-        return True
-    return any(cfg.get("partial_native") for kv_fp8 in (False, True) for cfg in _configs("flashmla", target, kv_fp8))
+    return kernel != "flashmla_combine_native" or _partial_native(target) > 0
+
+
+def _partial_native(target: str) -> int:
+    """The largest ``partial_native`` of ``target``'s flashmla settings (0: none)."""
+    return max((cfg.get("partial_native", 0) for kv_fp8 in (False, True) for cfg in _configs("flashmla", target, kv_fp8)),
+               default=0)
 
 
 def _combine_pdl(target: str) -> bool:

@@ -105,10 +105,11 @@ GLUON_KERNELS = {
 CLUSTER_MERGE_KERNELS = ("wgmma_rr", "wgmma_ws")
 
 # Gluon kernels that can store their split partials in their accumulator's own order
-# (``PARTIAL_NATIVE``: a warp's store is 256 contiguous bytes, where head-major rows make it 8
-# rows of 32 bytes), read back by ``_flashmla_combine_native_kernel``: where the launch setting
-# says ``partial_native``, the heads are a multiple of the 64-head block (a block's partial is
-# then all inside the workspace's heads) and the splits go through the combine.
+# (``PARTIAL_NATIVE``: a warp's store is whole sectors, where head-major rows make it 8 rows of
+# 32 bytes; in f32 with ``partial_native`` 1, in q's dtype with 2), read back by
+# ``_flashmla_combine_native_kernel``: where the launch setting says ``partial_native``, the
+# heads are a multiple of the 64-head block (a block's partial is then all inside the
+# workspace's heads) and the splits go through the combine.
 PARTIAL_NATIVE_KERNELS = ("wgmma_rr", "wgmma_ws")
 NATIVE_COMBINE = ("wgmma_ws", "_flashmla_combine_native_kernel")  # Gluon, beside the store it reads
 
@@ -180,7 +181,9 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
     if splits > 1 and not meta.get("CLUSTER"):
         cmeta, copts = launch_parts(path_config(PATH + "_combine", rows, heads, topk, platform))
         if cfg.get("partial_native") and name in PARTIAL_NATIVE_KERNELS and heads % meta["BLOCK_H"] == 0:
-            meta["PARTIAL_NATIVE"] = 1
+            meta["PARTIAL_NATIVE"] = cfg["partial_native"]
+            if cfg["partial_native"] == 2:
+                cmeta["PARTIAL_16"] = 1
             combine_fn, combine_grid = _gluon(*NATIVE_COMBINE), rows * head_blocks * (D_V // 8)
         else:
             combine_fn, combine_grid = _flashmla_combine_kernel, rows * heads

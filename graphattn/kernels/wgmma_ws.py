@@ -42,9 +42,10 @@ Outputs and conventions are those of ``_flashmla_split_kernel`` (graphattn.kerne
 normalised partial (or the final ``out``/``lse`` with ``DIRECT``), scores in base 2, an index
 outside ``[0, pool)`` never read, heads ``>= H`` of the last head block masked (zeros in, never
 stored). bf16/fp16 q; kv in q's dtype or FP8 tokens, with 16-byte aligned rows. With
-``PARTIAL_NATIVE`` (whole 64-head blocks) a partial is stored in the accumulator's own order
-(:func:`_store_partial`) and :func:`_flashmla_combine_native_kernel`, the combine launch that
-reads that order, is here too (``wgmma_rr`` stores its partials the same way).
+``PARTIAL_NATIVE`` (whole 64-head blocks) a partial is stored in the accumulator's own order, in
+f32 (1) or q's dtype (2) (:func:`_store_partial`), and :func:`_flashmla_combine_native_kernel`,
+the combine launch that reads that order, is here too (``wgmma_rr`` stores its partials the same
+way).
 """
 
 from __future__ import annotations
@@ -454,7 +455,7 @@ def _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws
             gl.store(lse_ptr + row.to(gl.int64) * H + h_s, lse, mask=h_s < H)
     else:
         _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, stride_wr, stride_ws, stride_wh,
-                       stride_lr, stride_ls, o_layout, BLOCK_H, HALF, WG, WG == 0, NATIVE)
+                       stride_lr, stride_ls, o_layout, BLOCK_H, HALF, WG, WG == 0, NATIVE, out_ptr.dtype.element_ty)
 
 
 @gluon.jit
@@ -575,10 +576,12 @@ def _producer_merge(q_nope, k_nope, stat_m, wts, out_ptr, lse_ptr, ws_out_ptr, w
 @gluon.jit
 def _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, stride_wr, stride_ws, stride_wh,
                    stride_lr, stride_ls, o_layout: gl.constexpr, BLOCK_H: gl.constexpr, HALF: gl.constexpr,
-                   WG: gl.constexpr, LSE: gl.constexpr, NATIVE: gl.constexpr = 0):
+                   WG: gl.constexpr, LSE: gl.constexpr, NATIVE: gl.constexpr = 0, DTYPE16: gl.constexpr = None):
     """Consumer ``WG``'s half of split ``split``'s normalised partial (``out`` ``[BLOCK_H, 256]``
     f32, columns ``WG * 256``) into the workspace, and with ``LSE`` the split's lse (``lse`` and
-    its heads ``h_s`` ``[BLOCK_H]``)."""
+    its heads ``h_s`` ``[BLOCK_H]``). ``NATIVE``: 0 head-major f32 rows; 1 f32 in the
+    accumulator's own order; 2 the same order in ``DTYPE16`` (q's dtype), in the first half of
+    the split's f32 slab (what :func:`_flashmla_combine_native_kernel` reads)."""
     # f32 partials: a warp's stores from the accumulator already fill 32-byte sectors, and
     # staging them measured slower (32 heads x 8 rows 15.9 -> 17.6 us, 128 x 1 12.5 -> 13.4)
     h_o = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
@@ -592,8 +595,14 @@ def _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, str
         n = gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
         off_m = (m // 16) * 64 + ((m % 16) // 8) * 256 + (m % 8) * 8
         off_n = (n // 8) * 512 + n % 8
-        base = w_base + hb * BLOCK_H * stride_wh + WG * BLOCK_H * HALF
-        gl.store(base + off_m[:, None] + off_n[None, :], out, mask=(h_o < H)[:, None])
+        if NATIVE == 2:  # in q's dtype, in the first half of the split's f32 slab (element offsets doubled)
+            p16 = ws_out_ptr.to(gl.pointer_type(DTYPE16))
+            base16 = (p16 + 2 * (row.to(gl.int64) * stride_wr + split * stride_ws + hb * BLOCK_H * stride_wh)
+                      + WG * BLOCK_H * HALF)
+            gl.store(base16 + off_m[:, None] + off_n[None, :], out.to(DTYPE16), mask=(h_o < H)[:, None])
+        else:
+            base = w_base + hb * BLOCK_H * stride_wh + WG * BLOCK_H * HALF
+            gl.store(base + off_m[:, None] + off_n[None, :], out, mask=(h_o < H)[:, None])
     else:
         gl.store(w_base + h_o[:, None] * stride_wh + d_o[None, :], out, mask=(h_o < H)[:, None])
     if LSE:
@@ -604,13 +613,14 @@ def _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, str
 def _flashmla_combine_native_kernel(
     ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr, H, num_splits,
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-    BLOCK_S: gl.constexpr, D_NOPE: gl.constexpr, PDL: gl.constexpr = 0,
+    BLOCK_S: gl.constexpr, D_NOPE: gl.constexpr, PDL: gl.constexpr = 0, PARTIAL_16: gl.constexpr = 0,
 ):
     """flashmla's combine of partials stored in the accumulator's order (``NATIVE`` of
     :func:`_store_partial`; ``H`` a multiple of 64): ``out`` ``[rows, H, D_NOPE]`` in q's dtype and
     natural-log ``lse`` ``[rows, H]`` f32 from ``ws_out`` ``[rows, >= num_splits, H, D_NOPE]`` and
     ``ws_lse`` ``[rows, >= num_splits, H]`` f32, as ``_flashmla_combine_kernel`` does for head-major
-    partials. A head block's partial is 64 runs of 512 floats: run ``g`` holds columns
+    partials (``PARTIAL_16``: stored in ``out``'s dtype, ``NATIVE=2``). A head block's partial is
+    64 runs of 512 values: run ``g`` holds columns
     ``[8 g, 8 g + 8)`` of all 64 heads as ``[64 k, 8 c]``, row ``k`` being head
     ``16 (k // 8 % 4) + 8 (k // 32) + k % 8``. One program per (row, head block, run), grid
     ``rows * H // 64 * 64``, ``num_warps=4``; ``BLOCK_S`` (a power of two >= 2) >= ``num_splits``."""
@@ -636,9 +646,15 @@ def _flashmla_combine_native_kernel(
     c = gl.arange(0, 8, layout=gl.SliceLayout(0, LO))
     s_mask = s < num_splits
     # The partials' loads first, so that their latency overlaps the lse's and its reductions.
-    run = ws_out_ptr + row * stride_wr + hb * 64 * stride_wh + g * 8 * 64
-    o_s = gl.load(run + gl.expand_dims(s * stride_ws + k * 8, 2) + gl.expand_dims(gl.expand_dims(c, 0), 0),
-                  mask=gl.expand_dims(s_mask, 2), other=0.0)  # [BLOCK_S, 64, 8]
+    if PARTIAL_16:  # NATIVE == 2 of _store_partial: out's dtype, in the first half of each f32 slab
+        p16 = ws_out_ptr.to(gl.pointer_type(out_ptr.dtype.element_ty))
+        run16 = p16 + 2 * (row * stride_wr + hb * 64 * stride_wh) + g * 8 * 64
+        o_s = gl.load(run16 + gl.expand_dims(2 * s * stride_ws + k * 8, 2) + gl.expand_dims(gl.expand_dims(c, 0), 0),
+                      mask=gl.expand_dims(s_mask, 2), other=0.0).to(gl.float32)
+    else:
+        run = ws_out_ptr + row * stride_wr + hb * 64 * stride_wh + g * 8 * 64
+        o_s = gl.load(run + gl.expand_dims(s * stride_ws + k * 8, 2) + gl.expand_dims(gl.expand_dims(c, 0), 0),
+                      mask=gl.expand_dims(s_mask, 2), other=0.0)  # [BLOCK_S, 64, 8]
     h1 = hb * 64 + (k1 // 8 % 4) * 16 + (k1 // 32) * 8 + k1 % 8
     lse_s = gl.load(ws_lse_ptr + row * stride_lr + s * stride_ls + gl.expand_dims(h1, 0), mask=s_mask,
                     other=float("-inf"))
