@@ -11,11 +11,12 @@ kernel's one-split output stored through shared memory; 19ed657, q loaded by its
 and 8192) on 2026-12-01 (session 2) in the A/B of the cluster merge (4182420: two splits merged in
 the kernel), and on 2026-12-01 (session 5) at 7d187bb where split partials of whole 64-head blocks are stored in
 the accumulator's order and merged by the Gluon combine (64 x 8, 128 x 1, 128 x 8, 64 and 128 x 8
-x topk 32768). FP8 (656-byte tokens):
+x topk 32768), those rows again at 1956748 (the partials in q's dtype). FP8 (656-byte tokens):
 the same table with ``--kv-dtype fp8`` (docs/benchmarks.md, "FP8 kernel table"), its flashmla
 column again on 2026-12-01 at 7c902cc (each tile dequantised by both consumers), on 2026-12-01
 (session 3) at 8086c3c (``wgmma_ws``'s two splits merged in a cluster by its producer), and on
-2026-12-01 (session 5) at 7d187bb (the same six shapes with accumulator-order partials, and 64 x 1).
+2026-12-01 (session 5) at 7d187bb (the same shapes with accumulator-order partials, and 64 x 1) and
+at 1956748 (those partials in q's dtype).
 """
 
 from __future__ import annotations
@@ -30,19 +31,19 @@ H200_US: dict[tuple[int, int, int], dict[str, float]] = {
     (32, 64, 2048): {"flashmla": 52.5, "trtllm": 91.2, "mega": 148.7},
     (32, 512, 2048): {"flashmla": 318.2, "trtllm": 434.7, "mega": 434.1},
     (64, 1, 2048): {"flashmla": 10.0, "trtllm": 37.7, "mega": 145.1},
-    (64, 8, 2048): {"flashmla": 18.9, "trtllm": 40.2, "mega": 146.1},
+    (64, 8, 2048): {"flashmla": 15.6, "trtllm": 40.2, "mega": 146.1},
     (64, 64, 2048): {"flashmla": 51.4, "trtllm": 120.8, "mega": 149.8},
     (64, 512, 2048): {"flashmla": 319.7, "trtllm": 855.1, "mega": 855.1},
-    (128, 1, 2048): {"flashmla": 11.8, "trtllm": 39.0, "mega": 145.0},
-    (128, 8, 2048): {"flashmla": 21.5, "trtllm": 63.5, "mega": 145.7},
+    (128, 1, 2048): {"flashmla": 10.3, "trtllm": 39.0, "mega": 145.0},
+    (128, 8, 2048): {"flashmla": 18.9, "trtllm": 63.5, "mega": 145.7},
     (128, 64, 2048): {"flashmla": 71.1, "trtllm": 217.5, "mega": 216.8},
     (128, 512, 2048): {"flashmla": 540.3, "trtllm": 1736.9, "mega": 1726.0},
     (16, 64, 8192): {"flashmla": 148.1, "trtllm": 209.0, "mega": 464.8},
     (64, 64, 8192): {"flashmla": 159.2, "trtllm": 429.2, "mega": 575.1},
     (128, 64, 8192): {"flashmla": 255.7, "trtllm": 837.0, "mega": 834.6},
     (16, 8, 32768): {"flashmla": 80.3, "trtllm": 232.5, "mega": 1820.0},
-    (64, 8, 32768): {"flashmla": 90.8, "trtllm": 300.2, "mega": 2253.7},
-    (128, 8, 32768): {"flashmla": 136.2, "trtllm": 676.7, "mega": 2244.9},
+    (64, 8, 32768): {"flashmla": 88.6, "trtllm": 300.2, "mega": 2253.7},
+    (128, 8, 32768): {"flashmla": 134.8, "trtllm": 676.7, "mega": 2244.9},
 }
 
 H200_US_FP8: dict[tuple[int, int, int], dict[str, float]] = {
@@ -54,12 +55,12 @@ H200_US_FP8: dict[tuple[int, int, int], dict[str, float]] = {
     (32, 8, 2048): {"flashmla": 19.2, "trtllm": 58.1, "mega": 310.7},
     (32, 64, 2048): {"flashmla": 61.6, "trtllm": 171.8, "mega": 306.5},
     (32, 512, 2048): {"flashmla": 411.0, "trtllm": 918.6, "mega": 919.0},
-    (64, 1, 2048): {"flashmla": 12.0, "trtllm": 56.2, "mega": 308.3},
-    (64, 8, 2048): {"flashmla": 22.4, "trtllm": 58.8, "mega": 309.7},
+    (64, 1, 2048): {"flashmla": 11.2, "trtllm": 56.2, "mega": 308.3},
+    (64, 8, 2048): {"flashmla": 20.0, "trtllm": 58.8, "mega": 309.7},
     (64, 64, 2048): {"flashmla": 67.4, "trtllm": 238.8, "mega": 306.5},
     (64, 512, 2048): {"flashmla": 416.1, "trtllm": 1794.8, "mega": 1797.8},
-    (128, 1, 2048): {"flashmla": 12.9, "trtllm": 57.2, "mega": 305.8},
-    (128, 8, 2048): {"flashmla": 28.8, "trtllm": 108.4, "mega": 303.2},
+    (128, 1, 2048): {"flashmla": 11.6, "trtllm": 57.2, "mega": 305.8},
+    (128, 8, 2048): {"flashmla": 25.8, "trtllm": 108.4, "mega": 303.2},
     (128, 64, 2048): {"flashmla": 106.6, "trtllm": 450.0, "mega": 450.9},
     (128, 512, 2048): {"flashmla": 813.5, "trtllm": 3482.0, "mega": 3491.0},
     (16, 64, 8192): {"flashmla": 181.4, "trtllm": 629.8, "mega": 986.5},
@@ -67,5 +68,5 @@ H200_US_FP8: dict[tuple[int, int, int], dict[str, float]] = {
     (128, 64, 8192): {"flashmla": 384.9, "trtllm": 1767.3, "mega": 1764.7},
     (16, 8, 32768): {"flashmla": 96.6, "trtllm": 474.4, "mega": 3967.4},
     (64, 8, 32768): {"flashmla": 114.0, "trtllm": 613.1, "mega": 4905.9},
-    (128, 8, 32768): {"flashmla": 204.2, "trtllm": 1423.7, "mega": 4771.7},
+    (128, 8, 32768): {"flashmla": 203.0, "trtllm": 1423.7, "mega": 4771.7},
 }
