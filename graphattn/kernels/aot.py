@@ -147,8 +147,8 @@ def runs_on(kernel: str, target: str) -> bool:
 
 def _partial_native(target: str) -> int:
     """The largest ``partial_native`` of ``target``'s flashmla settings (0: none)."""
-    return max((cfg.get("partial_native", 0) for kv_fp8 in (False, True) for cfg in _configs("flashmla", target, kv_fp8)),
-               default=0)
+    settings = [cfg for kv_fp8 in (False, True) for cfg in _configs("flashmla", target, kv_fp8)]
+    return max((cfg.get("partial_native", 0) for cfg in settings), default=0)
 
 
 def _combine_pdl(target: str) -> bool:

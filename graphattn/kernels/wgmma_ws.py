@@ -581,7 +581,7 @@ def _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, str
     f32, columns ``WG * 256``) into the workspace, and with ``LSE`` the split's lse (``lse`` and
     its heads ``h_s`` ``[BLOCK_H]``). ``NATIVE``: 0 head-major f32 rows; 1 f32 in the
     accumulator's own order; 2 the same order in ``DTYPE16`` (q's dtype), in the first half of
-    the split's f32 slab (what :func:`_flashmla_combine_native_kernel` reads)."""
+    the head block's f32 region of the split (what :func:`_flashmla_combine_native_kernel` reads)."""
     # f32 partials: a warp's stores from the accumulator already fill 32-byte sectors, and
     # staging them measured slower (32 heads x 8 rows 15.9 -> 17.6 us, 128 x 1 12.5 -> 13.4)
     h_o = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
@@ -595,7 +595,7 @@ def _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, str
         n = gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
         off_m = (m // 16) * 64 + ((m % 16) // 8) * 256 + (m % 8) * 8
         off_n = (n // 8) * 512 + n % 8
-        if NATIVE == 2:  # in q's dtype, in the first half of the split's f32 slab (element offsets doubled)
+        if NATIVE == 2:  # q's dtype, in the first half of the block's f32 region (element offsets doubled)
             p16 = ws_out_ptr.to(gl.pointer_type(DTYPE16))
             base16 = (p16 + 2 * (row.to(gl.int64) * stride_wr + split * stride_ws + hb * BLOCK_H * stride_wh)
                       + WG * BLOCK_H * HALF)
@@ -646,7 +646,7 @@ def _flashmla_combine_native_kernel(
     c = gl.arange(0, 8, layout=gl.SliceLayout(0, LO))
     s_mask = s < num_splits
     # The partials' loads first, so that their latency overlaps the lse's and its reductions.
-    if PARTIAL_16:  # NATIVE == 2 of _store_partial: out's dtype, in the first half of each f32 slab
+    if PARTIAL_16:  # NATIVE == 2 of _store_partial: out's dtype, the first half of each block's f32 region
         p16 = ws_out_ptr.to(gl.pointer_type(out_ptr.dtype.element_ty))
         run16 = p16 + 2 * (row * stride_wr + hb * 64 * stride_wh) + g * 8 * 64
         o_s = gl.load(run16 + gl.expand_dims(2 * s * stride_ws + k * 8, 2) + gl.expand_dims(gl.expand_dims(c, 0), 0),
