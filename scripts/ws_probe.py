@@ -42,7 +42,8 @@ AFTER = [
     ("                              row_o, HALF, WG)\n", "        if (WG == 1) & (t == 1):\n            _probe(ws_out_ptr, 12)\n"),
     ("        mbarrier.arrive(kv_free.index((n_tiles - 1) % 2))\n", "    _probe(ws_out_ptr, WG * 10 + 3)\n"),
     ("    l = l + stat_l.index(OTHER).load(row_s)\n", "    _probe(ws_out_ptr, WG * 10 + 4)\n"),
-    ("                       stride_lr, stride_ls, o_layout, BLOCK_H, HALF, WG, WG == 0, NATIVE)\n",
+    ("                       stride_lr, stride_ls, o_layout, BLOCK_H, HALF, WG, WG == 0, NATIVE, "
+     "out_ptr.dtype.element_ty)\n",
      "    _probe(ws_out_ptr, WG * 10 + 5)\n"),
 ]
 NAMES = {20: "producer entry", 21: "c0 q copies issued", 22: "tile 0 issued", 23: "last tile issued",
