@@ -585,8 +585,6 @@ def _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, str
     # f32 partials: a warp's stores from the accumulator already fill 32-byte sectors, and
     # staging them measured slower (32 heads x 8 rows 15.9 -> 17.6 us, 128 x 1 12.5 -> 13.4)
     h_o = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
-    d_o = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
-    w_base = ws_out_ptr + row.to(gl.int64) * stride_wr + split * stride_ws
     if NATIVE:
         # The head block's partial in the accumulator's own order: element (m, n) of this half at
         # (register pair, thread), so that a warp's store is 256 contiguous bytes.
@@ -596,14 +594,16 @@ def _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, str
         off_m = (m // 16) * 64 + ((m % 16) // 8) * 256 + (m % 8) * 8
         off_n = (n // 8) * 512 + n % 8
         if NATIVE == 2:  # q's dtype, in the first half of the block's f32 region (element offsets doubled)
-            p16 = ws_out_ptr.to(gl.pointer_type(DTYPE16))
-            base16 = (p16 + 2 * (row.to(gl.int64) * stride_wr + split * stride_ws + hb * BLOCK_H * stride_wh)
-                      + WG * BLOCK_H * HALF)
-            gl.store(base16 + off_m[:, None] + off_n[None, :], out.to(DTYPE16), mask=(h_o < H)[:, None])
+            dst = ws_out_ptr.to(gl.pointer_type(DTYPE16))
         else:
-            base = w_base + hb * BLOCK_H * stride_wh + WG * BLOCK_H * HALF
-            gl.store(base + off_m[:, None] + off_n[None, :], out, mask=(h_o < H)[:, None])
+            dst = ws_out_ptr
+        wide: gl.constexpr = 2 if NATIVE == 2 else 1
+        base = (dst + wide * (row.to(gl.int64) * stride_wr + split * stride_ws + hb * BLOCK_H * stride_wh)
+                + WG * BLOCK_H * HALF)
+        gl.store(base + off_m[:, None] + off_n[None, :], out.to(dst.dtype.element_ty), mask=(h_o < H)[:, None])
     else:
+        d_o = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
+        w_base = ws_out_ptr + row.to(gl.int64) * stride_wr + split * stride_ws
         gl.store(w_base + h_o[:, None] * stride_wh + d_o[None, :], out, mask=(h_o < H)[:, None])
     if LSE:
         gl.store(ws_lse_ptr + row.to(gl.int64) * stride_lr + split * stride_ls + h_s, lse, mask=h_s < H)
@@ -646,15 +646,16 @@ def _flashmla_combine_native_kernel(
     c = gl.arange(0, 8, layout=gl.SliceLayout(0, LO))
     s_mask = s < num_splits
     # The partials' loads first, so that their latency overlaps the lse's and its reductions.
-    if PARTIAL_16:  # NATIVE == 2 of _store_partial: out's dtype, the first half of each block's f32 region
-        p16 = ws_out_ptr.to(gl.pointer_type(out_ptr.dtype.element_ty))
-        run16 = p16 + 2 * (row * stride_wr + hb * 64 * stride_wh) + g * 8 * 64
-        o_s = gl.load(run16 + gl.expand_dims(2 * s * stride_ws + k * 8, 2) + gl.expand_dims(gl.expand_dims(c, 0), 0),
-                      mask=gl.expand_dims(s_mask, 2), other=0.0).to(gl.float32)
+    # NATIVE == 2 of _store_partial (PARTIAL_16): out's dtype, in the first half of each block's f32
+    # region, element offsets doubled in the 16-bit view
+    if PARTIAL_16:
+        run = ws_out_ptr.to(gl.pointer_type(out_ptr.dtype.element_ty)) + 2 * (row * stride_wr + hb * 64 * stride_wh)
     else:
-        run = ws_out_ptr + row * stride_wr + hb * 64 * stride_wh + g * 8 * 64
-        o_s = gl.load(run + gl.expand_dims(s * stride_ws + k * 8, 2) + gl.expand_dims(gl.expand_dims(c, 0), 0),
-                      mask=gl.expand_dims(s_mask, 2), other=0.0)  # [BLOCK_S, 64, 8]
+        run = ws_out_ptr + row * stride_wr + hb * 64 * stride_wh
+    wide: gl.constexpr = 2 if PARTIAL_16 else 1
+    run = run + g * 8 * 64
+    o_s = gl.load(run + gl.expand_dims(wide * s * stride_ws + k * 8, 2) + gl.expand_dims(gl.expand_dims(c, 0), 0),
+                  mask=gl.expand_dims(s_mask, 2), other=0.0).to(gl.float32)  # [BLOCK_S, 64, 8]
     h1 = hb * 64 + (k1 // 8 % 4) * 16 + (k1 // 32) * 8 + k1 % 8
     lse_s = gl.load(ws_lse_ptr + row * stride_lr + s * stride_ls + gl.expand_dims(h1, 0), mask=s_mask,
                     other=float("-inf"))
