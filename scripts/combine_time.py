@@ -3,12 +3,13 @@ head-major Triton combine, the Gluon combine of partials in the accumulator's or
 (``graphattn.kernels.wgmma_ws._flashmla_combine_native_kernel``), and two Triton versions of the
 latter kept here for the record (82124c6's ``[BLOCK_S, 512]`` tile, whose weights change layout
 through shared memory, 13 barriers; a loop over the splits). The Triton versions' outputs are
-checked against the Gluon one's. Branch partial-native, docs/benchmarks.md.
+checked against the Gluon one's (docs/benchmarks.md, "split partials in the accumulator's order, landed").
 ``PYTHONPATH=. python scripts/combine_time.py`` on an H200."""
 import torch
 import triton
 import triton.language as tl
 
+from graphattn.bench.kernels import time_graph
 from graphattn.kernels.flashmla import _flashmla_combine_kernel
 from graphattn.kernels.wgmma_ws import _flashmla_combine_native_kernel
 
@@ -85,23 +86,10 @@ def native_loop(ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr, H, num_splits, stride_
 
 
 def time(fn, reps=50):
-    """µs per launch of ``fn``: a CUDA graph of ``reps`` launches replayed, so that the host's
-    launch cost (10-15 µs a Triton launch from Python) is not what is timed."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(10):
-        graph.replay()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) * 1000 / (10 * reps)
+    """µs per launch of ``fn``: a CUDA graph of ``reps`` launches replayed (the kernel table's
+    :func:`graphattn.bench.kernels.time_graph`), so that the host's launch cost (10-15 µs a Triton
+    launch from Python) is not what is timed."""
+    return time_graph(lambda _: fn(), [None], reps, replays=10) * 1e6
 
 for rows, H, S in ((8, 128, 8), (1, 128, 32), (8, 64, 16), (4, 128, 16), (2, 64, 32)):
     ws = torch.randn(rows, S, H, 512, device="cuda")
