@@ -486,17 +486,19 @@ def test_wgmma_kernel_only_on_sm90(capability):
     (1, 128, False, {}, True),  # wgmma_ws (few programs), with the combine as a dependent launch
     (8, 128, True, {}, True),  # FP8 tokens: wgmma_ws
     (8, 128, False, {"partial_native": 0}, False),  # the setting off
-    (8, 100, False, {}, False),  # a masked head block: its partial would reach past the heads
-    (8, 32, False, {}, False),  # 32 heads in a 64-head block (wgmma_rr), likewise
+    (8, 100, False, {}, False),  # a masked head block of 36 heads: not whole warps of the accumulator
+    (8, 32, False, {}, True),  # 32 heads in a 64-head block (wgmma_rr): its 32 heads stored compact
+    (8, 96, False, {}, True),  # a whole block and a half-masked one
+    (8, 48, True, {}, True),  # FP8 tokens: wgmma_ws, 48 heads in a 64-head block
     (8, 16, False, {}, False),  # wgmma_tn stores head-major rows
     (64, 64, False, {}, False),  # two splits merged in a cluster: no combine
     (512, 128, False, {}, False),  # one split: direct
 ])
 def test_sm90_partials_in_the_accumulator_order(monkeypatch, rows, heads, kv_fp8, override, native):
-    """Where a launch of wgmma_rr or wgmma_ws goes through the combine with a whole number of
-    64-head blocks, the split kernel stores its partials in the accumulator's order
-    (``PARTIAL_NATIVE``) and the combine is the kernel that reads that order; everywhere else
-    both stay head-major."""
+    """Where a launch of wgmma_rr or wgmma_ws goes through the combine with heads a multiple of
+    16 (a partly-masked 64-head block stores whole warps of its accumulator), the split kernel
+    stores its partials in the accumulator's order (``PARTIAL_NATIVE``) and the combine is the
+    kernel that reads that order; everywhere else both stay head-major."""
     from graphattn.kernels.flashmla import NATIVE_COMBINE, _flashmla_combine_kernel, _gluon, plan_flashmla
     from graphattn.kernels.launch import clear_launch_plans
 
@@ -518,6 +520,6 @@ def test_sm90_partials_in_the_accumulator_order(monkeypatch, rows, heads, kv_fp8
         assert plan.combine.fn is (_gluon(*NATIVE_COMBINE) if native else _flashmla_combine_kernel), where
         # partials in q's dtype (the launch setting's 2) are read so by the combine
         assert plan.combine.kwargs.get("PARTIAL_16", 0) == (plan.main.kwargs.get("PARTIAL_NATIVE") == 2), where
-        assert plan.combine.grid == ((rows * heads // 64 * 64,) if native else (rows * heads,)), where
+        assert plan.combine.grid == ((rows * -(-heads // 64) * 64,) if native else (rows * heads,)), where
     else:
         assert not native, where

@@ -224,21 +224,25 @@ def test_flashmla_cluster_merge_replays_in_a_graph(heads, rows, topk, dtype, kv_
         check_against_reference(f"flashmla {heads}x{rows} graph", *fresh, SCALE, r_out, r_lse)
 
 
-def _native_offsets() -> torch.Tensor:
-    """``[64, 512]``: where a Gluon kernel's accumulator-order store (``PARTIAL_NATIVE``) puts
-    head ``m``, column ``n`` of a head block's partial: consumer ``n // 256``'s half, at
-    (register pair, thread) of the wgmma accumulator layout (warp ``m // 16``, rows ``m % 8``
-    and ``m % 8 + 8`` of its 16, columns ``2 (lane % 4)`` and ``+ 1`` of each 8)."""
-    m = torch.arange(64)[:, None]
+def _native_offsets(heads: int = 64) -> torch.Tensor:
+    """``[heads, 512]``: where a Gluon kernel's accumulator-order store (``PARTIAL_NATIVE``) puts
+    head ``m``, column ``n`` of a head block of ``heads`` (16-64, whole warps) heads: consumer
+    ``n // 256``'s half, at (register pair, thread) of the wgmma accumulator layout (warp
+    ``m // 16``, rows ``m % 8`` and ``m % 8 + 8`` of its 16, columns ``2 (lane % 4)`` and ``+ 1``
+    of each 8), the threads of warps past the block's heads left out."""
+    m = torch.arange(heads)[:, None]
     n = torch.arange(512)[None, :]
     half, nn = n // 256, n % 256
     thread = (m // 16) * 32 + (m % 8) * 4 + (nn % 8) // 2
     pair = (nn // 8) * 2 + (m % 16) // 8  # register pair: 4 registers per 8 columns, 2 per row half
-    return half * 64 * 256 + pair * 256 + thread * 2 + nn % 2
+    threads = heads // 16 * 32  # the threads that hold the block's heads
+    return half * heads * 256 + pair * threads * 2 + thread * 2 + nn % 2
 
 
 @pytest.mark.parametrize("heads,splits,dtype,pdl", [(64, 3, torch.bfloat16, 0), (128, 8, torch.float16, 0),
-                                                    (128, 32, torch.bfloat16, 1), (64, 1, torch.bfloat16, 1)])
+                                                    (128, 32, torch.bfloat16, 1), (64, 1, torch.bfloat16, 1),
+                                                    (32, 16, torch.bfloat16, 0), (96, 5, torch.float16, 1),
+                                                    (48, 4, torch.bfloat16, 0)])
 @pytest.mark.parametrize("partial_16", [0, 1])
 def test_flashmla_combine_reads_partials_in_the_accumulator_order(heads, splits, dtype, pdl, partial_16):
     """``_flashmla_combine_native_kernel`` (flashmla's combine where a Gluon kernel stored its
@@ -247,7 +251,7 @@ def test_flashmla_combine_reads_partials_in_the_accumulator_order(heads, splits,
     float64 merge of the same partials gives: the order is the wgmma accumulator's (a
     permutation of each 64-head block), splits with no valid token (lse -inf) weigh nothing, a
     head with none anywhere gets 0 and -inf, and a split slot past ``num_splits`` (NaN) is never
-    read."""
+    read. A partly-masked last head block (32, 48 heads; 96 = 64 + 32) holds its own heads only."""
     from graphattn.cuda.configs import gluon_available
     from graphattn.kernels.launch import make_launch
 
@@ -255,8 +259,7 @@ def test_flashmla_combine_reads_partials_in_the_accumulator_order(heads, splits,
         pytest.skip("the native combine is a Gluon kernel for sm_90 (where the partials it reads are stored)")
     from graphattn.kernels.wgmma_ws import _flashmla_combine_native_kernel
 
-    offsets = _native_offsets()
-    assert torch.equal(offsets.flatten().sort().values, torch.arange(64 * 512)), "not a permutation"
+    blocks = [min(64, heads - b) for b in range(0, heads, 64)]  # each block's heads
     rows, slots = 3, splits + 1
     part = torch.randn(rows, splits, heads, 512, dtype=torch.float64)
     lse = torch.randn(rows, splits, heads, dtype=torch.float64) * 3
@@ -265,19 +268,23 @@ def test_flashmla_combine_reads_partials_in_the_accumulator_order(heads, splits,
     part[1, :, 5] = 0.0  # as a split kernel stores an empty head
     ws_out = torch.full((rows, slots, heads, 512), float("nan"), device=DEVICE)
     ws_lse = torch.full((rows, slots, heads), float("nan"), device=DEVICE)
-    native = torch.empty(rows, splits, heads // 64, 64 * 512, dtype=torch.float64)
-    native[..., offsets.flatten()] = part.reshape(rows, splits, heads // 64, 64 * 512)
     if partial_16:  # as the split kernels store them: rounded to the output's dtype
         part = part.to(dtype).double()
-        native[..., offsets.flatten()] = part.reshape(rows, splits, heads // 64, 64 * 512)
-        halves = ws_out.view(dtype).view(rows, slots, heads // 64, 2, 64 * 512)
-        halves[:, :splits, :, 0] = native.to(dtype).to(DEVICE)
-    else:
-        ws_out[:, :splits] = native.reshape(rows, splits, heads, 512).float().to(DEVICE)
+    for b, r in enumerate(blocks):  # each block's partial, in its own f32 region (heads 64 b ...)
+        offsets = _native_offsets(r).flatten()
+        assert torch.equal(offsets.sort().values, torch.arange(r * 512)), f"not a permutation at {r} heads"
+        native = torch.empty(rows, splits, r * 512, dtype=torch.float64)
+        native[..., offsets] = part[:, :, 64 * b:64 * b + r].reshape(rows, splits, r * 512)
+        if partial_16:  # in the first half of the block's f32 region, offsets doubled in the 16-bit view
+            ws16 = ws_out.view(dtype).view(rows, slots, heads * 1024)
+            ws16[:, :splits, b * 64 * 1024:b * 64 * 1024 + r * 512] = native.to(dtype).to(DEVICE)
+        else:
+            ws32 = ws_out.view(rows, slots, heads * 512)
+            ws32[:, :splits, b * 64 * 512:b * 64 * 512 + r * 512] = native.float().to(DEVICE)
     ws_lse[:, :splits] = lse.float().to(DEVICE)
     out = torch.empty(rows, heads, 512, dtype=dtype, device=DEVICE)
     lse_out = torch.empty(rows, heads, device=DEVICE)
-    launch = make_launch(_flashmla_combine_native_kernel, (rows * (heads // 64) * 64,),
+    launch = make_launch(_flashmla_combine_native_kernel, (rows * len(blocks) * 64,),
                          BLOCK_S=max(2, 1 << (splits - 1).bit_length()), D_NOPE=512, num_warps=4, num_stages=1,
                          PDL=pdl, launch_pdl=bool(pdl), PARTIAL_16=partial_16)
     launch(ws_out, ws_lse, out, lse_out, heads, splits, *ws_out.stride()[:3], *ws_lse.stride()[:2])

@@ -108,9 +108,11 @@ CLUSTER_MERGE_KERNELS = ("wgmma_rr", "wgmma_ws")
 # (``PARTIAL_NATIVE``: a warp's store is whole sectors, where head-major rows make it 8 rows of
 # 32 bytes; in f32 with ``partial_native`` 1, in q's dtype with 2), read back by
 # ``_flashmla_combine_native_kernel``: where the launch setting says ``partial_native``, the
-# heads are a multiple of the 64-head block (a block's partial is then all inside the
-# workspace's heads) and the splits go through the combine.
+# heads are a multiple of NATIVE_HEADS (a partly-masked last block stores its own heads only,
+# whole warps of the accumulator, so its partial stays inside the workspace's heads) and the
+# splits go through the combine.
 PARTIAL_NATIVE_KERNELS = ("wgmma_rr", "wgmma_ws")
+NATIVE_HEADS = 16  # the rows of one warp of a wgmma accumulator
 NATIVE_COMBINE = ("wgmma_ws", "_flashmla_combine_native_kernel")  # Gluon, beside the store it reads
 
 
@@ -180,7 +182,7 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
     combine = None
     if splits > 1 and not meta.get("CLUSTER"):
         cmeta, copts = launch_parts(path_config(PATH + "_combine", rows, heads, topk, platform))
-        if cfg.get("partial_native") and name in PARTIAL_NATIVE_KERNELS and heads % meta["BLOCK_H"] == 0:
+        if cfg.get("partial_native") and name in PARTIAL_NATIVE_KERNELS and heads % NATIVE_HEADS == 0:
             meta["PARTIAL_NATIVE"] = cfg["partial_native"]
             if cfg["partial_native"] == 2:
                 cmeta["PARTIAL_16"] = 1

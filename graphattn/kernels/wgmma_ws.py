@@ -581,7 +581,10 @@ def _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, str
     f32, columns ``WG * 256``) into the workspace, and with ``LSE`` the split's lse (``lse`` and
     its heads ``h_s`` ``[BLOCK_H]``). ``NATIVE``: 0 head-major f32 rows; 1 f32 in the
     accumulator's own order; 2 the same order in ``DTYPE16`` (q's dtype), in the first half of
-    the head block's f32 region of the split (what :func:`_flashmla_combine_native_kernel` reads)."""
+    the head block's f32 region of the split (what :func:`_flashmla_combine_native_kernel` reads).
+    The native order holds the block's ``R = min(64, H - 64 hb)`` heads only (``H`` a multiple
+    of 16): the rows of the accumulator's warps that hold heads ``>= H`` are neither stored nor
+    given room, so a partly-masked block's partial is as compact as its heads."""
     # f32 partials: a warp's stores from the accumulator already fill 32-byte sectors, and
     # staging them measured slower (32 heads x 8 rows 15.9 -> 17.6 us, 128 x 1 12.5 -> 13.4)
     h_o = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
@@ -591,15 +594,17 @@ def _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, str
         gl.static_assert(BLOCK_H == 64 and HALF == 256, "the native order is that of a [64, 256] accumulator")
         m = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
         n = gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
-        off_m = (m // 16) * 64 + ((m % 16) // 8) * 256 + (m % 8) * 8
-        off_n = (n // 8) * 512 + n % 8
+        R = gl.minimum(H - hb * BLOCK_H, BLOCK_H)  # the block's heads, a multiple of 16 (whole warps)
+        # A run of 8 columns is [R, 8]: the rows m % 16 < 8 of every warp, then the rows >= 8.
+        off_m = (m // 16) * 64 + ((m % 16) // 8) * (R * 4) + (m % 8) * 8
+        off_n = (n // 8) * (R * 8) + n % 8
         if NATIVE == 2:  # q's dtype, in the first half of the block's f32 region (element offsets doubled)
             dst = ws_out_ptr.to(gl.pointer_type(DTYPE16))
         else:
             dst = ws_out_ptr
         wide: gl.constexpr = 2 if NATIVE == 2 else 1
         base = (dst + wide * (row.to(gl.int64) * stride_wr + split * stride_ws + hb * BLOCK_H * stride_wh)
-                + WG * BLOCK_H * HALF)
+                + WG * R * HALF)
         gl.store(base + off_m[:, None] + off_n[None, :], out.to(dst.dtype.element_ty), mask=(h_o < H)[:, None])
     else:
         d_o = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
@@ -616,14 +621,16 @@ def _flashmla_combine_native_kernel(
     BLOCK_S: gl.constexpr, D_NOPE: gl.constexpr, PDL: gl.constexpr = 0, PARTIAL_16: gl.constexpr = 0,
 ):
     """flashmla's combine of partials stored in the accumulator's order (``NATIVE`` of
-    :func:`_store_partial`; ``H`` a multiple of 64): ``out`` ``[rows, H, D_NOPE]`` in q's dtype and
+    :func:`_store_partial`; ``H`` a multiple of 16): ``out`` ``[rows, H, D_NOPE]`` in q's dtype and
     natural-log ``lse`` ``[rows, H]`` f32 from ``ws_out`` ``[rows, >= num_splits, H, D_NOPE]`` and
     ``ws_lse`` ``[rows, >= num_splits, H]`` f32, as ``_flashmla_combine_kernel`` does for head-major
-    partials (``PARTIAL_16``: stored in ``out``'s dtype, ``NATIVE=2``). A head block's partial is
-    64 runs of 512 values: run ``g`` holds columns
-    ``[8 g, 8 g + 8)`` of all 64 heads as ``[64 k, 8 c]``, row ``k`` being head
-    ``16 (k // 8 % 4) + 8 (k // 32) + k % 8``. One program per (row, head block, run), grid
-    ``rows * H // 64 * 64``, ``num_warps=4``; ``BLOCK_S`` (a power of two >= 2) >= ``num_splits``."""
+    partials (``PARTIAL_16``: stored in ``out``'s dtype, ``NATIVE=2``). A head block of
+    ``R = min(64, H - 64 hb)`` heads holds 64 runs of ``8 R`` values: run ``g`` holds columns
+    ``[8 g, 8 g + 8)`` of the block's heads as ``[R k, 8 c]``, row ``k`` being head
+    ``16 (k' // 8) + 8 (k // (R / 2)) + k' % 8`` with ``k' = k % (R / 2)`` (for ``R`` 64:
+    ``16 (k // 8 % 4) + 8 (k // 32) + k % 8``). One program per (row, head block, run), grid
+    ``rows * cdiv(H, 64) * 64``, ``num_warps=4``; ``BLOCK_S`` (a power of two >= 2) >=
+    ``num_splits``."""
     # Each thread holds [BLOCK_S / 2 splits, 1 head, 8 columns]: a head's weight multiplies its 8
     # columns in registers and the sum over the splits stays in the thread but for one shuffle:
     # no shared memory and no barrier (a Triton combine of the same tile converted the
@@ -638,13 +645,16 @@ def _flashmla_combine_native_kernel(
     RUNS: gl.constexpr = D_NOPE // 8
     pid = gl.program_id(0)
     g = pid % RUNS
-    hb = (pid // RUNS) % (H // 64)
-    row = (pid // (RUNS * (H // 64))).to(gl.int64)
+    n_hb = (H + 63) // 64
+    hb = (pid // RUNS) % n_hb
+    row = (pid // (RUNS * n_hb)).to(gl.int64)
+    R = gl.minimum(H - hb * 64, 64)  # the block's heads (a partly-masked last block stores only its own)
     s = gl.expand_dims(gl.arange(0, BLOCK_S, layout=gl.SliceLayout(1, L2)), 1)
     k1 = gl.arange(0, 64, layout=gl.SliceLayout(0, L2))
     k = gl.expand_dims(k1, 0)
     c = gl.arange(0, 8, layout=gl.SliceLayout(0, LO))
     s_mask = s < num_splits
+    sk_mask = s_mask & (k < R)
     # The partials' loads first, so that their latency overlaps the lse's and its reductions.
     # NATIVE == 2 of _store_partial (PARTIAL_16): out's dtype, in the first half of each block's f32
     # region, element offsets doubled in the 16-bit view
@@ -653,11 +663,11 @@ def _flashmla_combine_native_kernel(
     else:
         run = ws_out_ptr + row * stride_wr + hb * 64 * stride_wh
     wide: gl.constexpr = 2 if PARTIAL_16 else 1
-    run = run + g * 8 * 64
+    run = run + g * 8 * R
     o_s = gl.load(run + gl.expand_dims(wide * s * stride_ws + k * 8, 2) + gl.expand_dims(gl.expand_dims(c, 0), 0),
-                  mask=gl.expand_dims(s_mask, 2), other=0.0).to(gl.float32)  # [BLOCK_S, 64, 8]
-    h1 = hb * 64 + (k1 // 8 % 4) * 16 + (k1 // 32) * 8 + k1 % 8
-    lse_s = gl.load(ws_lse_ptr + row * stride_lr + s * stride_ls + gl.expand_dims(h1, 0), mask=s_mask,
+                  mask=gl.expand_dims(sk_mask, 2), other=0.0).to(gl.float32)  # [BLOCK_S, 64, 8]
+    h1 = hb * 64 + _native_head(k1, R)
+    lse_s = gl.load(ws_lse_ptr + row * stride_lr + s * stride_ls + gl.expand_dims(h1, 0), mask=sk_mask,
                     other=float("-inf"))
     m = gl.max(lse_s, axis=0)
     m_ref = gl.where(m == float("-inf"), 0.0, m)
@@ -666,12 +676,23 @@ def _flashmla_combine_native_kernel(
     w_sum = gl.sum(w, axis=0)  # [64, 1], in the output's layout
     out = gl.sum(w * o_s, axis=0) / gl.where(w_sum == 0.0, 1.0, w_sum)
     ko = gl.arange(0, 64, layout=gl.SliceLayout(1, LO))
-    ho = gl.expand_dims(hb * 64 + (ko // 8 % 4) * 16 + (ko // 32) * 8 + ko % 8, 1)
-    gl.store(out_ptr + (row * H + ho) * D_NOPE + g * 8 + gl.expand_dims(c, 0), out.to(out_ptr.dtype.element_ty))
+    ho = gl.expand_dims(hb * 64 + _native_head(ko, R), 1)
+    gl.store(out_ptr + (row * H + ho) * D_NOPE + g * 8 + gl.expand_dims(c, 0), out.to(out_ptr.dtype.element_ty),
+             mask=gl.expand_dims(ko < R, 1))
     if g == 0:
         l = gl.sum(w2, axis=0)  # [64], in the lse's layout
         lse = gl.where(l == 0.0, float("-inf"), m_ref + gl.log(gl.where(l == 0.0, 1.0, l)))
-        gl.store(lse_ptr + row * H + h1, lse)
+        gl.store(lse_ptr + row * H + h1, lse, mask=k1 < R)
+
+
+@gluon.jit
+def _native_head(k, R):
+    """The head (within its block of ``R``) of row ``k`` of a native run (see
+    :func:`_flashmla_combine_native_kernel`); any value for ``k >= R``."""
+    half = R // 2
+    upper = k >= half
+    kk = gl.where(upper, k - half, k)
+    return (kk // 8) * 16 + upper.to(gl.int32) * 8 + kk % 8
 
 
 @gluon.jit

@@ -225,6 +225,12 @@ REGRESSION_SHAPES = (
     _regression(128, 400, 6, 5000, out_of_range=0.2),
     _regression(128, 300, 1, 5000),
     _regression(64, 300, 4, 5000, empty_rows=1, kv_dtype=KV_FP8),
+    # The same with a partly-masked head block, whose partial holds its own heads only: wgmma_rr
+    # at 32 heads in 9 splits; wgmma_ws at 96 heads (a whole block and half a block) with an
+    # all-invalid row; FP8 tokens at 48 heads.
+    _regression(32, 1100, 6, 5000, out_of_range=0.2),
+    _regression(96, 200, 3, 5000, empty_rows=1),
+    _regression(48, 300, 4, 5000, kv_dtype=KV_FP8),
 )
 
 
