@@ -242,7 +242,7 @@ def _native_offsets(heads: int = 64) -> torch.Tensor:
 @pytest.mark.parametrize("heads,splits,dtype,pdl", [(64, 3, torch.bfloat16, 0), (128, 8, torch.float16, 0),
                                                     (128, 32, torch.bfloat16, 1), (64, 1, torch.bfloat16, 1),
                                                     (32, 16, torch.bfloat16, 0), (96, 5, torch.float16, 1),
-                                                    (48, 4, torch.bfloat16, 0)])
+                                                    (48, 4, torch.bfloat16, 0), (16, 16, torch.float16, 0)])
 @pytest.mark.parametrize("partial_16", [0, 1])
 def test_flashmla_combine_reads_partials_in_the_accumulator_order(heads, splits, dtype, pdl, partial_16):
     """``_flashmla_combine_native_kernel`` (flashmla's combine where a Gluon kernel stored its
@@ -251,7 +251,7 @@ def test_flashmla_combine_reads_partials_in_the_accumulator_order(heads, splits,
     float64 merge of the same partials gives: the order is the wgmma accumulator's (a
     permutation of each 64-head block), splits with no valid token (lse -inf) weigh nothing, a
     head with none anywhere gets 0 and -inf, and a split slot past ``num_splits`` (NaN) is never
-    read. A partly-masked last head block (32, 48 heads; 96 = 64 + 32) holds its own heads only."""
+    read. A partly-masked last head block (16, 32, 48 heads; 96 = 64 + 32) holds its own heads only."""
     from graphattn.cuda.configs import gluon_available
     from graphattn.kernels.launch import make_launch
 
