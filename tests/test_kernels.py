@@ -490,13 +490,14 @@ def test_wgmma_kernel_only_on_sm90(capability):
     (8, 32, False, {}, True),  # 32 heads in a 64-head block (wgmma_rr): its 32 heads stored compact
     (8, 96, False, {}, True),  # a whole block and a half-masked one
     (8, 48, True, {}, True),  # FP8 tokens: wgmma_ws, 48 heads in a 64-head block
+    (1, 16, True, {}, False),  # one 16-head block (FP8 tokens, wgmma_ws): the head-major combine is faster
     (8, 16, False, {}, False),  # wgmma_tn stores head-major rows
     (64, 64, False, {}, False),  # two splits merged in a cluster: no combine
     (512, 128, False, {}, False),  # one split: direct
 ])
 def test_sm90_partials_in_the_accumulator_order(monkeypatch, rows, heads, kv_fp8, override, native):
     """Where a launch of wgmma_rr or wgmma_ws goes through the combine with heads a multiple of
-    16 (a partly-masked 64-head block stores whole warps of its accumulator), the split kernel
+    16 (a partly-masked 64-head block stores whole warps of its accumulator) above 16, the split kernel
     stores its partials in the accumulator's order (``PARTIAL_NATIVE``) and the combine is the
     kernel that reads that order; everywhere else both stay head-major."""
     from graphattn.kernels.flashmla import NATIVE_COMBINE, _flashmla_combine_kernel, _gluon, plan_flashmla

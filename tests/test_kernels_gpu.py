@@ -32,11 +32,12 @@ def test_bf16_real_sizes(path, heads, rows):
     check_against_reference(path, q, kv, idx, SCALE, out, lse, counter)
 
 
-@pytest.mark.parametrize("heads,rows", [(128, 8), (64, 2), (128, 1)])  # wgmma_rr; wgmma_ws, the last with PDL
+# wgmma_rr; wgmma_ws, the last with PDL; then partly-masked head blocks (compact): wgmma_rr, wgmma_ws
+@pytest.mark.parametrize("heads,rows", [(128, 8), (64, 2), (128, 1), (32, 8), (96, 1)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_flashmla_split_partials_in_q_dtype(heads, rows, dtype):
-    """Where flashmla's splits of whole 64-head blocks go through the combine, sm_90's Gluon
-    kernels store each partial in q's dtype in the accumulator's order (``PARTIAL_NATIVE=2``) and
+    """Where flashmla's splits of 32 heads or more (a multiple of 16) go through the combine,
+    sm_90's Gluon kernels store each partial in q's dtype in the accumulator's order (``PARTIAL_NATIVE=2``) and
     the combine reads it so: fp16 and bf16 q against the float64 reference."""
     from graphattn.common.metadata import GraphMetadata
     from graphattn.cuda.configs import gluon_available

@@ -56,7 +56,9 @@ _KV_MAJOR_TILE = {"BLOCK_H": 16, "BLOCK_N": 64, "IDX_AHEAD": 0, "KV_MAJOR": 1, "
 # That predecessor measured against 32-token tiles with 3 or 4 slots (188 / 225 KB): 64 x 64 rows
 # 90.2 us vs 114.0 / 115.4, 128 x 512 866.5 vs 1128.9 / 1134.3.
 # Their split partials are stored in the accumulator's own order (partial_native, a host key:
-# graphattn.kernels.flashmla.PARTIAL_NATIVE_KERNELS; whole 64-head blocks), a warp's store one
+# graphattn.kernels.flashmla.PARTIAL_NATIVE_KERNELS; 32 heads or more, a multiple of 16: a
+# partly-masked block stores only its own heads, 32 x 8 15.12 -> 14.36, 96 x 8 20.65 -> 18.43,
+# FP8 32 x 8 18.44 -> 17.87 against head-major f32, docs/benchmarks.md), a warp's store one
 # run of 256 bytes instead of 8 rows of 32, and merged by a Gluon combine that reads that order:
 # A/B on the H200 (us, head-major -> native, docs/benchmarks.md) 128 x 8 21.61 -> 20.79, 64 x 8
 # 19.64 -> 18.95, 128 x 4 17.93 -> 17.22, 128 x 1 11.62 -> 11.37; FP8 128 x 8 28.35 -> 27.81,

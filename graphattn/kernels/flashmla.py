@@ -109,8 +109,10 @@ CLUSTER_MERGE_KERNELS = ("wgmma_rr", "wgmma_ws")
 # 32 bytes; in f32 with ``partial_native`` 1, in q's dtype with 2), read back by
 # ``_flashmla_combine_native_kernel``: where the launch setting says ``partial_native``, the
 # heads are a multiple of NATIVE_HEADS (a partly-masked last block stores its own heads only,
-# whole warps of the accumulator, so its partial stays inside the workspace's heads) and the
-# splits go through the combine.
+# whole warps of the accumulator, so its partial stays inside the workspace's heads), more than
+# one warp's (a launch of one 16-head block keeps the head-major combine: its 16 programs a row
+# beat the native combine's 64 with three quarters of their lanes masked, FP8 16 x 1 9.81 vs
+# 10.06 us, docs/benchmarks.md) and the splits go through the combine.
 PARTIAL_NATIVE_KERNELS = ("wgmma_rr", "wgmma_ws")
 NATIVE_HEADS = 16  # the rows of one warp of a wgmma accumulator
 NATIVE_COMBINE = ("wgmma_ws", "_flashmla_combine_native_kernel")  # Gluon, beside the store it reads
@@ -182,7 +184,8 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
     combine = None
     if splits > 1 and not meta.get("CLUSTER"):
         cmeta, copts = launch_parts(path_config(PATH + "_combine", rows, heads, topk, platform))
-        if cfg.get("partial_native") and name in PARTIAL_NATIVE_KERNELS and heads % NATIVE_HEADS == 0:
+        if (cfg.get("partial_native") and name in PARTIAL_NATIVE_KERNELS and heads % NATIVE_HEADS == 0
+                and heads > NATIVE_HEADS):
             meta["PARTIAL_NATIVE"] = cfg["partial_native"]
             if cfg["partial_native"] == 2:
                 cmeta["PARTIAL_16"] = 1

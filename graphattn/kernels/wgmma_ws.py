@@ -42,10 +42,10 @@ Outputs and conventions are those of ``_flashmla_split_kernel`` (graphattn.kerne
 normalised partial (or the final ``out``/``lse`` with ``DIRECT``), scores in base 2, an index
 outside ``[0, pool)`` never read, heads ``>= H`` of the last head block masked (zeros in, never
 stored). bf16/fp16 q; kv in q's dtype or FP8 tokens, with 16-byte aligned rows. With
-``PARTIAL_NATIVE`` (whole 64-head blocks) a partial is stored in the accumulator's own order, in
-f32 (1) or q's dtype (2) (:func:`_store_partial`), and :func:`_flashmla_combine_native_kernel`,
-the combine launch that reads that order, is here too (``wgmma_rr`` stores its partials the same
-way).
+``PARTIAL_NATIVE`` (heads a multiple of 16; a partly-masked block holds only its own heads) a
+partial is stored in the accumulator's own order, in f32 (1) or q's dtype (2)
+(:func:`_store_partial`), and :func:`_flashmla_combine_native_kernel`, the combine launch that
+reads that order, is here too (``wgmma_rr`` stores its partials the same way).
 """
 
 from __future__ import annotations
