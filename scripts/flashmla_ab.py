@@ -7,7 +7,9 @@ kernel=wgmma_rr,BLOCK_N=128 [--kv-fp8] [--shapes 128x64x2048 ...]`` runs each va
 alternating, each in a fresh process of at most 150 s. A variant is ``base`` (no override) or
 ``KEY=VALUE`` pairs joined by commas (ints where they parse); ``PTX_L2_PREFETCH=128`` or ``256``
 is no launch setting but a PTX rewrite giving the kernels' ``cp.async`` copies that L2 prefetch
-size. ``--kv-fp8``: 656-byte FP8 tokens. A process first checks launches at topk 2077 where the
+size. ``tn_min_rows_H=ROWS`` is no launch setting either: it sets ``TN_MIN_ROWS[H]`` of
+graphattn.cuda.configs, the rows from which ``H``-head blocks (16 or 32) run ``wgmma_tn`` (with
+``kernel=...`` naming the kernel the shapes then run). ``--kv-fp8``: 656-byte FP8 tokens. A process first checks launches at topk 2077 where the
 kernel runs (:func:`checks_for`: by default 128 heads x 257 rows in one split and x 28 rows in
 several; indices out of range included, outputs NaN-poisoned) against the float64 reference (of
 the dequantised cache with FP8; ``--checks HEADSxROWSxTOPK ...`` replaces them, ``--checks none``
@@ -122,11 +124,22 @@ def _l2_prefetch_ptx(size: int) -> None:
     knobs.runtime.add_stages_inspection_hook = hook
 
 
+def apply_script_settings(settings: dict) -> dict:
+    """Apply, in this process, the variant's keys that are no launch setting (``PTX_L2_PREFETCH``,
+    ``tn_min_rows_H``); returns the launch-table overrides left."""
+    settings = dict(settings)
+    if "PTX_L2_PREFETCH" in settings:  # a PTX rewrite (see _l2_prefetch_ptx)
+        _l2_prefetch_ptx(settings.pop("PTX_L2_PREFETCH"))
+    for key in [k for k in settings if k.startswith("tn_min_rows_")]:  # where wgmma_tn takes over
+        from graphattn.cuda import configs
+
+        configs.TN_MIN_ROWS[int(key.rsplit("_", 1)[1])] = settings.pop(key)
+    return settings
+
+
 def run_variant(kernel: str, variant: str, shapes: list[str], kv_fp8: bool = False,
                 checks: list[str] | None = None) -> int:
-    settings = parse_variant(variant)
-    if "PTX_L2_PREFETCH" in settings:  # not a launch setting: a PTX rewrite (see _l2_prefetch_ptx)
-        _l2_prefetch_ptx(settings.pop("PTX_L2_PREFETCH"))
+    settings = apply_script_settings(parse_variant(variant))
     from graphattn.bench import kernels as kb
     from graphattn.common.platform import current_platform
     from graphattn.kernels.flashmla import plan_flashmla

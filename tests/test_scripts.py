@@ -62,6 +62,20 @@ def test_flashmla_ab_variants_and_ptx_rewrite(monkeypatch):
     assert knobs.runtime.add_stages_inspection_hook() == ("l2_prefetch_256", "l2_prefetch_256")  # triton 3.9's key
 
 
+def test_flashmla_ab_moves_wgmma_tn_rows(monkeypatch):
+    """``tn_min_rows_H=ROWS`` of a variant moves where sm_90 runs wgmma_tn (16 heads x 8 rows to
+    wgmma_rr, 32 x 8 to wgmma_tn) and is no launch-table override."""
+    from graphattn.cuda import configs
+
+    ab = _load("flashmla_ab")
+    monkeypatch.setattr(configs, "TN_MIN_ROWS", dict(configs.TN_MIN_ROWS))
+    pick = lambda heads: configs.kernel_config("flashmla", rows=8, heads=heads, topk=2048).get("kernel")  # noqa: E731
+    assert (pick(16), pick(32)) == ("wgmma_tn", "wgmma_rr")
+    left = ab.apply_script_settings(ab.parse_variant("tn_min_rows_16=1000000,tn_min_rows_32=1,kernel=wgmma_rr"))
+    assert left == {"kernel": "wgmma_rr"}
+    assert (pick(16), pick(32)) == ("wgmma_rr", "wgmma_tn")
+
+
 def test_flashmla_ab_checks_run_the_kernel_under_test():
     """Each kernel's checks are shapes where sm_90's launch table picks that kernel (a check at
     128 heads would test wgmma_rr while the variants change wgmma_tn), with splits and without."""
