@@ -9,8 +9,9 @@ alternating, each in a fresh process of at most 150 s. A variant is ``base`` (no
 is no launch setting but a PTX rewrite giving the kernels' ``cp.async`` copies that L2 prefetch
 size. ``tn_min_rows_H=ROWS`` is no launch setting either: it sets ``TN_MIN_ROWS[H]`` of
 graphattn.cuda.configs, the rows from which ``H``-head blocks (16 or 32) run ``wgmma_tn`` (with
-``kernel=...`` naming the kernel the shapes then run). ``--kv-fp8``: 656-byte FP8 tokens. A process first checks launches at topk 2077 where the
-kernel runs (:func:`checks_for`: by default 128 heads x 257 rows in one split and x 28 rows in
+``kernel=...`` naming the kernel the shapes then run). ``--kv-fp8``: 656-byte FP8 tokens. A
+process first checks launches at topk 2077 where the kernel runs (:func:`checks_for`: by
+default 128 heads x 257 rows in one split and x 28 rows in
 several; indices out of range included, outputs NaN-poisoned) against the float64 reference (of
 the dequantised cache with FP8; ``--checks HEADSxROWSxTOPK ...`` replaces them, ``--checks none``
 skips them for timing-only variants) and exits 1 if one is off or runs another kernel than the
