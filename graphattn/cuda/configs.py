@@ -113,6 +113,15 @@ WGMMA_RR_MIN_PROGRAMS = 48  # 48 (64 x 3) measured faster with rr, 32 slower; be
 TN_MAX_HEADS = 32
 TN_MIN_ROWS = {16: 4, 32: 64}
 _WGMMA_TN_TILES = {bh: {**_WGMMA_TILE, "kernel": "wgmma_tn", "BLOCK_H": bh} for bh in (16, 32)}
+# With FP8 tokens its gather fills a ring of RING slots of raw bytes (41 KB each: three fit
+# beside q and one bf16 tile at 16 heads, two at 32), and both consumers work on every tile
+# (graphattn.kernels.wgmma_tn's RING).
+TN_FP8_RING = {16: 3, 32: 2}
+
+
+def _tn_fp8(tile: dict[str, Any]) -> dict[str, Any]:
+    return {**tile, "KV_FP8": 1, "RING": TN_FP8_RING[tile["BLOCK_H"]]}
+
 # Its splits fill whole waves of 132 programs (graphattn.kernels.plan.choose_splits), a split
 # costing about two 64-token tiles of fixed work (q is 72 KB, the f32 partial 128 KB); that
 # rule, not PARTIAL_BYTES_PER_ROW, keeps 8 rows x topk 32768 in one wave, so up to 32 splits
@@ -150,7 +159,7 @@ def _tn_tile(path: str, rows: int, heads: int, capability: tuple[int, int], kv_f
     if rows < TN_MIN_ROWS[block]:
         return None
     tile = _WGMMA_TN_TILES[block]
-    return {**tile, "KV_FP8": 1} if kv_fp8 else dict(tile)
+    return _tn_fp8(tile) if kv_fp8 else dict(tile)
 
 
 def _wgmma_bf16_tile(rows: int, heads: int, topk: int) -> dict[str, Any]:
@@ -264,7 +273,7 @@ def all_configs(path: str, kv_fp8: bool = False) -> list[dict[str, Any]]:
     if path == "flashmla_combine":
         return [dict(_COMBINE), dict(_COMBINE_PDL)]
     gluon = path == "flashmla" and gluon_available()
-    tn = [{**t, "KV_FP8": 1} if kv_fp8 else dict(t) for t in _WGMMA_TN_TILES.values()] if gluon else []
+    tn = [_tn_fp8(t) if kv_fp8 else dict(t) for t in _WGMMA_TN_TILES.values()] if gluon else []
     if kv_fp8:
         fp8 = [_tiles(max_heads, kv_fp8) for max_heads, _ in _TILES]
         return fp8 + ([dict(_WGMMA_FP8_TILE)] + tn if gluon else [])

@@ -37,7 +37,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .wgmma import _cta_barrier, _launch_dependents, _load_indices, _program_split
-from .wgmma_ws import _NEW_REINTERPRET, CONSUMER_REGS, FP8_BLOCK, _dequantise_tile, _fp8_views, _producer
+from .wgmma_ws import (
+    _NEW_REINTERPRET,
+    CONSUMER_REGS,
+    FP8_BLOCK,
+    _dequantise_block,
+    _dequantise_tile,
+    _fp8_views,
+    _producer,
+)
 
 
 @gluon.jit
@@ -148,6 +156,105 @@ def _consumer_t(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_
 
 
 @gluon.jit
+def _consumer_ring(smem, bars, idx_ptr, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr,
+                   H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                   stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+                   BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
+                   DIRECT: gl.constexpr, RING: gl.constexpr, WG: gl.constexpr):
+    """Consumer warpgroup ``WG`` of the FP8 ring (``RING``): every tile, with the other consumer.
+    Each dequantises half of the tile's tokens (``[WG * 32, WG * 32 + 32)``) from the ring slot
+    into the one bf16 tile, both compute the tile's scores and softmax (the same values: nothing
+    passes between them), and each its half of the output columns
+    (``O^T[WG * 256 : WG * 256 + 256] += V^T P^T``), which it stores itself at the end."""
+    q_nope, q_rope, k_nope, k_rope, p_buf, k_raw, k_scale_rows, k_rope_bits = smem
+    q_ready, kv_ready, kv_free, work_ready, work_free = bars
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_H, 16])
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)  # per head
+    tok_s: gl.constexpr = gl.SliceLayout(1, s_layout)  # per token (and per output column)
+    conv: gl.constexpr = gl.BlockedLayout(  # [32, 128] bytes: 16 per thread per 4 rows
+        size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0])
+    HALF: gl.constexpr = D_NOPE // 2
+    ROWS: gl.constexpr = BLOCK_N // 2
+    ROW0: gl.constexpr = WG * ROWS
+    idx_row_ptr = idx_ptr + row.to(gl.int64) * stride_ir
+    p_mine = p_buf.index(WG)
+
+    mbarrier.wait(q_ready, 0)
+    m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=col_s)
+    l_part = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout)  # summed over tokens at the end
+    acc = gl.zeros([HALF, BLOCK_H], gl.float32, layout=s_layout)
+    for t in range(0, n_tiles):
+        r = t % RING
+        # Descriptors from an index that is 0 but not known to be (see wgmma_ws._issue_scores).
+        z = (t + n_tiles < 0).to(gl.int32)
+        idx_s = _load_indices(idx_row_ptr, start + t * BLOCK_N, end, BLOCK_N, tok_s)
+        mbarrier.wait(kv_ready.index(r), (t // RING) & 1)
+        raw = k_raw.index(r).slice(ROW0, ROWS, dim=0)
+        x0 = raw.slice(0, FP8_BLOCK, dim=1).load(conv)
+        x1 = raw.slice(FP8_BLOCK, FP8_BLOCK, dim=1).load(conv)
+        x2 = raw.slice(2 * FP8_BLOCK, FP8_BLOCK, dim=1).load(conv)
+        x3 = raw.slice(3 * FP8_BLOCK, FP8_BLOCK, dim=1).load(conv)
+        if k_rope.dtype != gl.bfloat16:  # fp16 q: my rows of the rope, rounded in place
+            rl: gl.constexpr = gl.BlockedLayout(
+                size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0])
+            rope = k_rope_bits.index(r).slice(ROW0, ROWS, dim=0).load(rl)
+            k_rope.index(r).slice(ROW0, ROWS, dim=0).store(rope.to(k_rope.dtype))
+        # The bf16 tile is free once both consumers' V^T P^T of the tile before are done.
+        mbarrier.wait(work_free, (t & 1) ^ 1)
+        kn = k_nope.index(z).slice(ROW0, ROWS, dim=0)
+        _dequantise_block(kn, k_scale_rows, r, 0, x0, conv, ROW0)
+        _dequantise_block(kn, k_scale_rows, r, 1, x1, conv, ROW0)
+        _dequantise_block(kn, k_scale_rows, r, 2, x2, conv, ROW0)
+        _dequantise_block(kn, k_scale_rows, r, 3, x3, conv, ROW0)
+        fence_async_shared()  # my rows (generic stores) before either consumer's wgmma reads them
+        _cta_barrier()
+        mbarrier.arrive(work_ready)
+        mbarrier.wait(work_ready, t & 1)  # ... and the other consumer's rows
+        fence_async_shared()
+        s = warpgroup_mma(k_nope.index(z), q_nope.index(z).permute((1, 0)),
+                          gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout), use_acc=False, is_async=True)
+        s = warpgroup_mma(k_rope.index(r), q_rope.index(z).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        mbarrier.arrive(kv_free.index(r))  # its bytes, scales and rope are read: the gather may refill it
+        valid = (idx_s >= 0) & (idx_s < pool)
+        s = gl.where(valid[:, None], s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m, gl.max(s, axis=0))
+        # While a head has seen nothing valid its max is -inf; subtract 0 instead (no inf - inf).
+        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m - m_ref)
+        p = gl.exp2(s - m_ref[None, :])
+        l_part = l_part * alpha[None, :] + p
+        acc = acc * alpha[None, :]
+        m = m_new
+        p_mine.store(p.to(p_mine.dtype))
+        fence_async_shared()  # P^T (generic stores) before the wgmma reads it (async proxy)
+        _cta_barrier()
+        acc = warpgroup_mma(k_nope.index(z).slice(WG * HALF, HALF, dim=1).permute((1, 0)), p_mine, acc,
+                            is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(work_free)
+    l = gl.sum(l_part, axis=0)
+    empty = l == 0.0
+    lse = gl.where(empty, float("-inf"), (m + gl.log2(gl.where(empty, 1.0, l))) * 0.6931471805599453)
+    out = acc * (1.0 / gl.where(empty, 1.0, l))[None, :]
+    h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=col_s)
+    o_mask = (h < H)[None, :]  # heads >= H exist only in this program: never stored
+    d = WG * HALF + gl.arange(0, HALF, layout=tok_s)
+    if DIRECT:
+        rh = row.to(gl.int64) * H + h
+        gl.store(out_ptr + rh[None, :] * D_NOPE + d[:, None], out.to(out_ptr.dtype.element_ty), mask=o_mask)
+    else:
+        w_base = ws_out_ptr + row.to(gl.int64) * stride_wr + split * stride_ws
+        gl.store(w_base + h[None, :] * stride_wh + d[:, None], out, mask=o_mask)
+    if WG == 0:
+        if DIRECT:
+            gl.store(lse_ptr + row.to(gl.int64) * H + h, lse, mask=h < H)
+        else:
+            gl.store(ws_lse_ptr + row.to(gl.int64) * stride_lr + split * stride_ls + h, lse, mask=h < H)
+
+
+@gluon.jit
 def _merge_view(k_nope, w: gl.constexpr, D_NOPE: gl.constexpr, BLOCK_H: gl.constexpr):
     """Slot ``w``'s nope tile (``[64, 512]`` of q's dtype: 64 KB) as an f32 ``[512, BLOCK_H]``
     output, swizzled so that the wgmma accumulator's rows (8 per warp, one
@@ -169,65 +276,137 @@ def _flashmla_tn_kernel(
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     STAGES: gl.constexpr, DIRECT: gl.constexpr, KV_FP8: gl.constexpr = 0, LAUNCH_DEPENDENTS: gl.constexpr = 0,
+    RING: gl.constexpr = 0,
 ):
     """Arguments, grid and outputs as ``_flashmla_split_kernel`` (graphattn.kernels.flashmla)
     with ``BLOCK_H`` 16 or 32; launch with ``num_warps=4`` and ``maxnreg=168`` (12 warps run:
-    producer, two consumers). ``KV_FP8=1``: 656-byte e4m3fn tokens (see wgmma_ws)."""
+    producer, two consumers). ``KV_FP8=1``: 656-byte e4m3fn tokens (see wgmma_ws). ``RING=R``
+    (FP8 only): the tokens' bytes land in a ring of ``R`` slots of their own, and both
+    consumers work on every tile in one bf16 tile (:func:`_consumer_ring`)."""
     gl.static_assert((BLOCK_H == 16) | (BLOCK_H == 32), "heads on the wgmma's N side: 16 or 32 per program")
     gl.static_assert(BLOCK_N == 64, "tokens on the wgmma's M side: one M tile per KV tile")
     gl.static_assert(STAGES == 2, "two KV slots, one per consumer")
     gl.static_assert(gl.num_warps() == 4, "the default partition is one warpgroup")
     gl.static_assert((KV_FP8 == 0) | (KV_FP8 == 1), "sm_90 FP8 tokens are e4m3fn")
     gl.static_assert((KV_FP8 == 0) | (D_NOPE == 4 * FP8_BLOCK), "four scale blocks of 128 values")
+    gl.static_assert(RING == 0 or (KV_FP8 == 1 and RING >= 2), "the ring holds FP8 tokens' bytes")
     dtype: gl.constexpr = q_ptr.dtype.element_ty
 
     if LAUNCH_DEPENDENTS:  # the combine (a programmatic dependent launch) may start its programs
         _launch_dependents()
     hb, split, row, start, end, n_tiles = _program_split(H, topk, split_len, num_splits, BLOCK_H, BLOCK_N)
+    if RING:  # FP8 tokens through a ring of their own
+        _tn_ring(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                 H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                 stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+                 BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, RING)
+    else:
+        smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        # P^T [64 tokens, BLOCK_H]: the wgmma's B operand, heads contiguous (rows of 32 or 64 bytes).
+        p_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * BLOCK_H, element_bitwidth=16, rank=2)
+        stat_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        q_nope = gl.allocate_shared_memory(dtype, [1, BLOCK_H, D_NOPE], smem_layout)
+        q_rope = gl.allocate_shared_memory(dtype, [1, BLOCK_H, D_ROPE], smem_layout)
+        k_nope = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_NOPE], smem_layout)
+        k_rope = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_ROPE], smem_layout)
+        p_buf = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_H], p_layout)
+        stats = gl.allocate_shared_memory(gl.float32, [4, BLOCK_H], stat_layout)  # (max, sum) per consumer
+        q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        l_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        if KV_FP8:
+            k_raw, k_scale, k_rope_bits, k_scale_rows = _fp8_views(k_nope, k_rope, STAGES, BLOCK_N, D_NOPE, D_ROPE)
+        else:
+            k_raw = k_nope
+            k_scale = stats
+            k_scale_rows = stats
+            k_rope_bits = k_rope
+        mbarrier.init(q_ready, count=128)  # one cp.async arrival per producer thread
+        for i in gl.static_range(STAGES):
+            mbarrier.init(kv_ready.index(i), count=128)
+            mbarrier.init(kv_free.index(i), count=1)  # the slot's one consumer
+        for i in gl.static_range(2):
+            mbarrier.init(l_ready.index(i), count=1)
 
+        smem = (q_nope, q_rope, k_nope, k_rope, p_buf, stats, k_raw, k_scale, k_rope_bits, k_scale_rows)
+        # The producer's barrier tuple has wgmma_ws's shape; its p_ready and d_ready places (unused
+        # here) hold l_ready.
+        bars = (q_ready, kv_ready, kv_free, l_ready, l_ready, l_ready)
+        gl.warp_specialize([
+            (_producer, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                         H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                         stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
+                         stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8)),
+            (_consumer_t, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                           H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                           stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
+                           stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 0)),
+            (_consumer_t, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                           H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                           stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
+                           stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 1)),
+        ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+
+
+@gluon.jit
+def _tn_ring(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+             H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+             stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+             BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
+             DIRECT: gl.constexpr, RING: gl.constexpr):
+    """``_flashmla_tn_kernel`` with ``RING`` (FP8 tokens): the producer gathers each tile's
+    bytes, scales and rope into a ring of ``RING`` slots (41 KB each: three beside q and one
+    bf16 tile at 16 heads), freed once both consumers have dequantised the bytes and computed the
+    scores, so the gather runs up to ``RING`` tiles ahead of the products instead of waiting for
+    a consumer to finish a tile; the two consumers share one bf16 tile (:func:`_consumer_ring`)."""
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
     smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    # P^T [64 tokens, BLOCK_H]: the wgmma's B operand, heads contiguous (rows of 32 or 64 bytes).
+    raw_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     p_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * BLOCK_H, element_bitwidth=16, rank=2)
-    stat_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    rows_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     q_nope = gl.allocate_shared_memory(dtype, [1, BLOCK_H, D_NOPE], smem_layout)
     q_rope = gl.allocate_shared_memory(dtype, [1, BLOCK_H, D_ROPE], smem_layout)
-    k_nope = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_NOPE], smem_layout)
-    k_rope = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D_ROPE], smem_layout)
+    k_nope = gl.allocate_shared_memory(dtype, [1, BLOCK_N, D_NOPE], smem_layout)  # the bf16 tile
+    k_rope = gl.allocate_shared_memory(dtype, [RING, BLOCK_N, D_ROPE], smem_layout)  # rope ring: as gathered
+    k_raw = gl.allocate_shared_memory(gl.uint8, [RING, BLOCK_N, D_NOPE], raw_layout)
+    k_scale = gl.allocate_shared_memory(gl.float32, [RING, 4, BLOCK_N], gl.SwizzledSharedLayout(
+        vec=1, per_phase=1, max_phase=1, order=[1, 0]))
     p_buf = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_H], p_layout)
-    stats = gl.allocate_shared_memory(gl.float32, [4, BLOCK_H], stat_layout)  # (max, sum) per consumer
-    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    l_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    if KV_FP8:
-        k_raw, k_scale, k_rope_bits, k_scale_rows = _fp8_views(k_nope, k_rope, STAGES, BLOCK_N, D_NOPE, D_ROPE)
+    if _NEW_REINTERPRET:
+        k_scale_rows = k_scale.reinterpret(gl.float32, [RING * 4, BLOCK_N], rows_layout)
+        k_rope_bits = k_rope.reinterpret(gl.bfloat16, [RING, BLOCK_N, D_ROPE], smem_layout)
     else:
-        k_raw = k_nope
-        k_scale = stats
-        k_scale_rows = stats
-        k_rope_bits = k_rope
+        k_scale_rows = k_scale._reinterpret(gl.float32, [RING * 4, BLOCK_N], rows_layout)
+        k_rope_bits = k_rope._reinterpret(gl.bfloat16, [RING, BLOCK_N, D_ROPE], smem_layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+    kv_free = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+    work_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    work_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=128)  # one cp.async arrival per producer thread
-    for i in gl.static_range(STAGES):
+    for i in gl.static_range(RING):
         mbarrier.init(kv_ready.index(i), count=128)
-        mbarrier.init(kv_free.index(i), count=1)  # the slot's one consumer
-    for i in gl.static_range(2):
-        mbarrier.init(l_ready.index(i), count=1)
+        mbarrier.init(kv_free.index(i), count=2)  # both consumers
+    mbarrier.init(work_ready, count=2)
+    mbarrier.init(work_free, count=2)
 
-    smem = (q_nope, q_rope, k_nope, k_rope, p_buf, stats, k_raw, k_scale, k_rope_bits, k_scale_rows)
-    # The producer's barrier tuple has wgmma_ws's shape; its p_ready and d_ready places (unused
-    # here) hold l_ready.
-    bars = (q_ready, kv_ready, kv_free, l_ready, l_ready, l_ready)
+    # The producer's tuples have wgmma_ws's shape; the places it does not use hold q_ready.
+    p_smem = (q_nope, q_rope, k_nope, k_rope, p_buf, p_buf, k_raw, k_scale, k_rope_bits, k_scale_rows)
+    p_bars = (q_ready, kv_ready, kv_free, q_ready, q_ready, q_ready)
+    smem = (q_nope, q_rope, k_nope, k_rope, p_buf, k_raw, k_scale_rows, k_rope_bits)
+    bars = (q_ready, kv_ready, kv_free, work_ready, work_free)
     gl.warp_specialize([
-        (_producer, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+        (_producer, (p_smem, p_bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                      H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                      stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8)),
-        (_consumer_t, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-                       H, pool, qk_scale, row, hb, split, start, end, n_tiles,
-                       stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                       stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 0)),
-        (_consumer_t, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-                       H, pool, qk_scale, row, hb, split, start, end, n_tiles,
-                       stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                       stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 1)),
+                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 1, 0, q_ready, p_buf, RING)),
+        (_consumer_ring, (smem, bars, idx_ptr, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr,
+                          H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                          stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+                          BLOCK_H, BLOCK_N, D_NOPE, DIRECT, RING, 0)),
+        (_consumer_ring, (smem, bars, idx_ptr, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr,
+                          H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                          stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+                          BLOCK_H, BLOCK_N, D_NOPE, DIRECT, RING, 1)),
     ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])

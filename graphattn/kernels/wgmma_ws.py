@@ -111,14 +111,16 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
               stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
               DIRECT: gl.constexpr, KV_FP8: gl.constexpr, CLUSTER: gl.constexpr = 0, o_ready=None,
-              o_wts=None):
+              o_wts=None, SLOTS: gl.constexpr = 2):
     """Default partition (4 warps): every KV tile of the split into its slot, and for wgmma_tn
     (``BLOCK_H`` 16 or 32) q first (wgmma_ws's consumer 0 loads its q: :func:`_load_q_first`,
     so the first tile's gather goes out without waiting behind q's copies). With
     ``KV_FP8`` a tile is the tokens' 512 FP8 bytes, copied into the upper half of the slot's nope
     tile (``k_raw``: its bytes as uint8), their 4 float32 scales into ``k_scale`` and their 64
     bf16 rope values into the rope tile (``k_rope_bits``: its bytes as bf16), all completing on
-    the slot's ``ready`` barrier; the consumers dequantise it in place before its scores."""
+    the slot's ``ready`` barrier; the consumers dequantise it in place before its scores.
+    ``SLOTS``: the ring's slots (wgmma_tn's FP8 ring, ``RING``, gathers the bytes into a ring of
+    their own, ``k_raw`` ``[SLOTS, BLOCK_N, 512]``, whose slots its consumers free once read)."""
     q_nope, q_rope, k_nope, k_rope, stat_m, stat_l, k_raw, k_scale, k_rope_bits, k_scale_rows = smem
     q_ready, kv_ready, kv_free, p_ready, l_ready, d_ready = bars
     idx_row_ptr = idx_ptr + row.to(gl.int64) * stride_ir
@@ -130,11 +132,13 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
     # A tile's indices in the two layouts its gather takes (the next tile's load during this one).
     idx_a, idx_b = _tile_indices(idx_row_ptr, start, end, BLOCK_N, KV_FP8, GATHER_N, GATHER_R)
     for j in range(0, n_tiles):
-        slot = j % 2
-        # Slot free: both consumers are done with tile j - 2 (a fresh barrier passes phase 1).
-        mbarrier.wait(kv_free.index(slot), ((j // 2) & 1) ^ 1)
+        slot = j % SLOTS
+        # Slot free: its consumers are done with tile j - SLOTS (a fresh barrier passes phase 1).
+        mbarrier.wait(kv_free.index(slot), ((j // SLOTS) & 1) ^ 1)
         if KV_FP8:  # the tokens' bytes: the consumers dequantise them (_dequantise_rows)
-            _gather_fp8(kv_ptr, stride_kv, pool, idx_a, idx_b, k_raw.index(slot).slice(D_NOPE, D_NOPE, dim=1),
+            # in place: the upper half of the nope tile's bytes; a ring of their own: all of a slot
+            raw_dst = k_raw.index(slot).slice(k_raw.shape[2] - D_NOPE, D_NOPE, dim=1)
+            _gather_fp8(kv_ptr, stride_kv, pool, idx_a, idx_b, raw_dst,
                         k_rope_bits.index(slot), k_scale.index(slot), D_NOPE, D_ROPE, FP8_GATHER, GATHER_R,
                         FP8_SCALES)
         else:
