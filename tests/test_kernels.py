@@ -480,6 +480,39 @@ def test_wgmma_kernel_only_on_sm90(capability):
         assert "kernel" not in cfg and "BLOCK_H" in cfg, f"[flashmla sm_{capability[0]}{capability[1]}] {cfg}"
 
 
+@pytest.mark.parametrize("rows,heads,topk,kv_fp8,ring", [
+    (4, 16, 2048, True, 3),  # one tile a split
+    (8, 16, 2048, True, 3),
+    (16, 16, 2048, True, 3),  # four tiles a split: the most the ring takes
+    (32, 16, 2048, True, 0),  # eight: the two consumers' turns on a slot each are faster
+    (8, 16, 32768, True, 0),
+    (512, 16, 2048, True, 0),
+    (150, 13, 250, True, 3),  # one split of four tiles (direct), 13 of 16 heads
+    (8, 16, 2048, False, 0),  # bf16 kv: no raw bytes to ring
+    (64, 32, 2048, True, 0),  # 32 heads: two tiles beside q, and slower there
+])
+def test_sm90_fp8_ring_where_a_split_has_few_tiles(monkeypatch, rows, heads, topk, kv_fp8, ring):
+    """With FP8 tokens at 16 heads, where a split has at most ``ring_max_tiles`` KV tiles, sm_90
+    plans ``wgmma_tn`` with its ring of raw slots (``RING``); elsewhere it keeps the two slots."""
+    from graphattn.kernels.flashmla import plan_flashmla
+    from graphattn.kernels.launch import clear_launch_plans
+
+    cuda_configs = _use_sm90_settings(monkeypatch)
+    if not cuda_configs.gluon_available():
+        pytest.skip("this triton has no Gluon Hopper dialect")
+    monkeypatch.setattr(type(current_platform()), "num_compute_units", lambda self: cuda_configs.SM90_SMS)
+    clear_launch_plans()
+    try:
+        plan = plan_flashmla(rows, heads, topk, 64, kv_fp8=kv_fp8)
+    finally:
+        clear_launch_plans()
+    where = f"[flashmla {heads}x{rows}x{topk} fp8={kv_fp8}] {plan.kernel} splits={plan.splits} {plan.main!r}"
+    assert plan.kernel == "wgmma_tn", where
+    assert plan.main.kwargs.get("RING", 0) == ring, where
+    if ring:
+        assert -(-plan.split_len // 64) <= cuda_configs.TN_FP8_RING_MAX_TILES, where
+
+
 @pytest.mark.parametrize("rows,heads,kv_fp8,override,native", [
     (8, 128, False, {}, True),  # wgmma_rr, 8 splits through the combine
     (8, 64, False, {}, True),

@@ -128,21 +128,23 @@ def test_flashmla_wgmma_and_its_unaligned_fallback(layout):
         check_against_reference(f"flashmla {layout}", q, kv, idx, SCALE, out, lse)
 
 
-@pytest.mark.parametrize("heads,rows", [(16, 4), (7, 33), (20, 64), (32, 100)])
+@pytest.mark.parametrize("heads,rows,topk", [(16, 4, 2077), (7, 33, 2077), (20, 64, 2077), (32, 100, 2077),
+                                             (13, 150, 250)])
 @pytest.mark.parametrize("kind", ["bf16", "fp16", "fp8", "fp8-fp16"])
-def test_flashmla_heads_on_n_kernel(heads, rows, kind):
+def test_flashmla_heads_on_n_kernel(heads, rows, topk, kind):
     """At <= 32 heads (from 4 rows at <= 16 heads, 64 at 17-32) sm_90 flashmla runs the Gluon
-    kernel with the heads on the wgmma's N side (``wgmma_tn``; with FP8 tokens its ring of raw
-    bytes); with -1, out-of-range and duplicate indices, an all-invalid row, a topk that is not
-    a multiple of the tile, and FP8 tokens (unselected ones poisoned with NaN; bf16 and fp16
-    q) it gives the float64 reference."""
+    kernel with the heads on the wgmma's N side (``wgmma_tn``; with FP8 tokens at 16 heads x 4
+    rows and 13 x 150 x topk 250 its ring of raw slots, in splits and direct); with -1,
+    out-of-range and duplicate indices, an all-invalid row, a topk that is not a multiple of
+    the tile, and FP8 tokens (unselected ones poisoned with NaN; bf16 and fp16 q) it gives the
+    float64 reference."""
     from graphattn.common.platform import current_platform
     from graphattn.cuda.configs import gluon_available
     from graphattn.kernels.flashmla import kernel_name
     from test_kernels_fp8 import check_fp8, fp8_inputs
 
     dtype = torch.float16 if kind.endswith("fp16") else torch.bfloat16
-    topk, pool = 2048 + 29, rows * 2048 + 4096
+    pool = rows * 2048 + 4096
     if kind.startswith("fp8"):
         fmt = current_platform().fp8_dtype
         q, kv, idx = fp8_inputs(rows, heads, topk, pool, dtype, fmt)

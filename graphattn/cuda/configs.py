@@ -113,21 +113,31 @@ WGMMA_RR_MIN_PROGRAMS = 48  # 48 (64 x 3) measured faster with rr, 32 slower; be
 TN_MAX_HEADS = 32
 TN_MIN_ROWS = {16: 4, 32: 64}
 _WGMMA_TN_TILES = {bh: {**_WGMMA_TILE, "kernel": "wgmma_tn", "BLOCK_H": bh} for bh in (16, 32)}
-# With FP8 tokens its gather fills a ring of RING slots of raw bytes (41 KB each: three fit
-# beside q and one bf16 tile at 16 heads, two at 32), and both consumers work on every tile
-# (graphattn.kernels.wgmma_tn's RING).
-TN_FP8_RING = {16: 3, 32: 2}
-
-
-def _tn_fp8(tile: dict[str, Any]) -> dict[str, Any]:
-    return {**tile, "KV_FP8": 1, "RING": TN_FP8_RING[tile["BLOCK_H"]]}
-
 # Its splits fill whole waves of 132 programs (graphattn.kernels.plan.choose_splits), a split
 # costing about two 64-token tiles of fixed work (q is 72 KB, the f32 partial 128 KB); that
 # rule, not PARTIAL_BYTES_PER_ROW, keeps 8 rows x topk 32768 in one wave, so up to 32 splits
 # (128 heads x 1 row: 12.9 us with 32 splits).
 WGMMA_SPLIT_COST_BLOCKS = 2  # wgmma_tn (q 18-36 KB, partial 32-64 KB) keeps it: the sweep
 # in docs/benchmarks.md found the resulting split counts best at 16 heads x 4 and 8 rows
+
+# With FP8 tokens at 16 heads, where a program has at most TN_FP8_RING_MAX_TILES tiles, the
+# gather fills a ring of TN_FP8_RING slots of raw bytes (41 KB each: three fit beside q and one
+# bf16 tile) and both consumers work on every tile, half its dequantisation each
+# (graphattn.kernels.wgmma_tn's RING; the host keys fp8_ring and ring_max_tiles, applied by the
+# plan once the split length is known). A/B on the H200 (us, FP8, RING=0 -> 3, tiles per
+# program in brackets, docs/benchmarks.md): 16 x 4 (1) 11.70 -> 10.43, 16 x 8 (2) 15.68 ->
+# 14.41, 16 x 16 (4) 21.25 -> 20.58, 16 x 8 x topk 4096 (4) 21.35 -> 20.64; with more tiles the
+# two consumers' turns overlap a tile's dequantisation with the other's products, which the
+# shared tile cannot: 16 x 32 (8) 32.26 -> 32.79, 16 x 8 x 8192 (8) 32.87 -> 33.42, 16 x 64
+# 53.52 -> 57.58, 16 x 512 358.9 -> 412.6 (two ring slots: 414.7, so not the gather); at 32
+# heads (two slots) 32 x 64 61.44 -> 70.26.
+TN_FP8_RING, TN_FP8_RING_MAX_TILES = 3, 4
+
+
+def _tn_fp8(tile: dict[str, Any]) -> dict[str, Any]:
+    ring = {"fp8_ring": TN_FP8_RING, "ring_max_tiles": TN_FP8_RING_MAX_TILES} if tile["BLOCK_H"] == 16 else {}
+    return {**tile, "KV_FP8": 1, **ring}
+
 
 @functools.cache  # a process constant; find_spec searches the file system (~0.9 ms) every call
 def gluon_available() -> bool:

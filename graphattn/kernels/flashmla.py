@@ -115,6 +115,10 @@ CLUSTER_MERGE_KERNELS = ("wgmma_rr", "wgmma_ws")
 # 10.06 us, docs/benchmarks.md) and the splits go through the combine.
 PARTIAL_NATIVE_KERNELS = ("wgmma_rr", "wgmma_ws")
 NATIVE_HEADS = 16  # the rows of one warp of a wgmma accumulator
+# Gluon kernels that can gather FP8 tokens into a ring of raw slots of their own (``RING``), where
+# the launch setting says ``fp8_ring`` (the slots) and a split has at most ``ring_max_tiles``
+# KV tiles (sm_90: wgmma_tn at 16 heads).
+RING_KERNELS = ("wgmma_tn",)
 NATIVE_COMBINE = ("wgmma_ws", "_flashmla_combine_native_kernel")  # Gluon, beside the store it reads
 
 
@@ -176,6 +180,8 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
     if kernel is _flashmla_split_kernel:
         meta["DOT_F32"] = platform.uses_triton_interpreter
         meta["KV_FP8"] = kv_fp8_constexpr(platform, kv_fp8)
+    if cfg.get("fp8_ring") and name in RING_KERNELS and cdiv(split_len, meta["BLOCK_N"]) <= cfg["ring_max_tiles"]:
+        meta["RING"] = cfg["fp8_ring"]
     head_blocks = cdiv(heads, meta["BLOCK_H"])
     ctas = rows * splits * head_blocks
     if (splits == 2 and cfg.get("cluster_merge") and name in CLUSTER_MERGE_KERNELS

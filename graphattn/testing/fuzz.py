@@ -231,6 +231,11 @@ REGRESSION_SHAPES = (
     _regression(32, 1100, 6, 5000, out_of_range=0.2),
     _regression(96, 200, 3, 5000, empty_rows=1),
     _regression(48, 300, 4, 5000, kv_dtype=KV_FP8),
+    # FP8 tokens through wgmma_tn's ring of raw slots (few tiles a program): 13 of 16 heads in
+    # 5 one-tile splits with indices past the pool; one split of 4 tiles, the last part-filled,
+    # storing out/lse directly, with an all-invalid row.
+    _regression(13, 300, 5, 5000, out_of_range=0.2, kv_dtype=KV_FP8),
+    _regression(16, 250, 150, 5000, empty_rows=1, kv_dtype=KV_FP8),
 )
 
 
@@ -323,8 +328,9 @@ def poisoned_empty() -> Iterator[None]:
 
 def kernel_label(case: FuzzCase, q: torch.Tensor, kv: torch.Tensor, platform=None) -> str:
     """Which kernel a flashmla case runs (a Gluon kernel's key such as ``wgmma_rr``, with
-    ``+cluster`` where its two splits merge in a thread-block cluster and ``+native`` where its
-    partials go to the combine in the accumulator's order, ``triton_kv_major``, ``triton``); the
+    ``+cluster`` where its two splits merge in a thread-block cluster, ``+native`` where its
+    partials go to the combine in the accumulator's order and ``+ring`` where FP8 tokens go
+    through a ring of raw slots, ``triton_kv_major``, ``triton``); the
     backend name for the others. ``platform``: whose launch table (default the current one)."""
     if case.backend != "flashmla":
         return case.backend
@@ -334,7 +340,8 @@ def kernel_label(case: FuzzCase, q: torch.Tensor, kv: torch.Tensor, platform=Non
 
     plan = plan_flashmla(q.shape[0], q.shape[1], case.topk, 64, aligned_16(q, kv), is_fp8_kv(kv), platform)
     return (plan.kernel + ("+cluster" if plan.main.cluster > 1 else "")
-            + ("+native" if plan.main.kwargs.get("PARTIAL_NATIVE") else ""))
+            + ("+native" if plan.main.kwargs.get("PARTIAL_NATIVE") else "")
+            + ("+ring" if plan.main.kwargs.get("RING") else ""))
 
 
 def run_case(case: FuzzCase, device: torch.device | None = None, sm_scale: float = D_QK**-0.5) -> CaseResult:
