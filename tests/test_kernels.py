@@ -449,7 +449,9 @@ def test_sm90_two_splits_merge_in_a_cluster(monkeypatch, rows, heads, topk, kv_f
 def test_sm90_few_heads_run_the_heads_on_n_gluon_kernel(monkeypatch, heads, rows, want):
     """At <= 32 heads sm_90 flashmla runs ``wgmma_tn`` (the heads on the wgmma's N side, 16 or
     32 per program: ``want``) from ``TN_MIN_ROWS`` rows on, for plain kv and FP8 tokens alike;
-    below those rows and above 32 heads it runs what it ran before (``want`` None)."""
+    below those rows and above 32 heads it runs what it ran before (``want`` None). (FP8 tokens
+    at few rows and a top-k of at most ``TN_FP8_FEW_ROWS_MAX_TOPK`` take ``wgmma_tn`` below
+    those rows too: test_sm90_fp8_ring_where_a_split_has_few_tiles; here their top-k is above.)"""
     from graphattn.kernels import flashmla
 
     cuda_configs = _use_sm90_settings(monkeypatch)
@@ -457,7 +459,7 @@ def test_sm90_few_heads_run_the_heads_on_n_gluon_kernel(monkeypatch, heads, rows
         pytest.skip("this triton has no Gluon Hopper dialect")
     q, kv = torch.randn(rows, heads, 576), torch.randn(100, 576)
     kernel, cfg = flashmla._split_kernel(q, kv, 2048)
-    fp8 = cuda_configs.kernel_config("flashmla", rows, heads, 2048, kv_fp8=True)
+    fp8 = cuda_configs.kernel_config("flashmla", rows, heads, cuda_configs.TN_FP8_FEW_ROWS_MAX_TOPK + 1, kv_fp8=True)
     where = f"[flashmla sm_90 {heads} heads x {rows} rows]"
     if want is None:
         assert cfg.get("kernel") != "wgmma_tn" and fp8.get("kernel") != "wgmma_tn", f"{where} {cfg} / {fp8}"
@@ -480,20 +482,27 @@ def test_wgmma_kernel_only_on_sm90(capability):
         assert "kernel" not in cfg and "BLOCK_H" in cfg, f"[flashmla sm_{capability[0]}{capability[1]}] {cfg}"
 
 
-@pytest.mark.parametrize("rows,heads,topk,kv_fp8,ring", [
-    (4, 16, 2048, True, 3),  # one tile a split
-    (8, 16, 2048, True, 3),
-    (16, 16, 2048, True, 3),  # four tiles a split: the most the ring takes
-    (32, 16, 2048, True, 0),  # eight: the two consumers' turns on a slot each are faster
-    (8, 16, 32768, True, 0),
-    (512, 16, 2048, True, 0),
-    (150, 13, 250, True, 3),  # one split of four tiles (direct), 13 of 16 heads
-    (8, 16, 2048, False, 0),  # bf16 kv: no raw bytes to ring
-    (64, 32, 2048, True, 0),  # 32 heads: two tiles beside q, and slower there
+@pytest.mark.parametrize("rows,heads,topk,kv_fp8,kernel,ring", [
+    (4, 16, 2048, True, "wgmma_tn", 3),  # one tile a split
+    (8, 16, 2048, True, "wgmma_tn", 3),
+    (16, 16, 2048, True, "wgmma_tn", 3),  # four tiles a split: the most the ring takes
+    (32, 16, 2048, True, "wgmma_tn", 0),  # eight: the two consumers' turns on a slot each are faster
+    (8, 16, 32768, True, "wgmma_tn", 0),
+    (512, 16, 2048, True, "wgmma_tn", 0),
+    (150, 13, 250, True, "wgmma_tn", 3),  # one split of four tiles (direct), 13 of 16 heads
+    (1, 16, 2048, True, "wgmma_tn", 3),  # below TN_MIN_ROWS: FP8 at few rows and a small top-k
+    (3, 16, 2048, True, "wgmma_tn", 3),
+    (1, 32, 2048, True, "wgmma_tn", 2),  # 32 heads: two ring slots beside q
+    (8, 20, 2000, True, "wgmma_tn", 2),
+    (1, 16, 2077, True, "wgmma_ws", 0),  # a larger top-k at few rows: wgmma_ws, as measured
+    (9, 32, 2048, True, "wgmma_ws", 0),
+    (64, 32, 2048, True, "wgmma_tn", 0),  # 16 tiles a split
+    (8, 16, 2048, False, "wgmma_tn", 0),  # bf16 kv: no raw bytes to ring
 ])
-def test_sm90_fp8_ring_where_a_split_has_few_tiles(monkeypatch, rows, heads, topk, kv_fp8, ring):
-    """With FP8 tokens at 16 heads, where a split has at most ``ring_max_tiles`` KV tiles, sm_90
-    plans ``wgmma_tn`` with its ring of raw slots (``RING``); elsewhere it keeps the two slots."""
+def test_sm90_fp8_ring_where_a_split_has_few_tiles(monkeypatch, rows, heads, topk, kv_fp8, kernel, ring):
+    """With FP8 tokens at <= 32 heads, where a split has at most ``ring_max_tiles`` KV tiles,
+    sm_90 plans ``wgmma_tn`` with its ring of raw slots (``RING``), also below ``TN_MIN_ROWS``
+    at few rows and a small top-k; elsewhere it keeps the two slots (or wgmma_ws)."""
     from graphattn.kernels.flashmla import plan_flashmla
     from graphattn.kernels.launch import clear_launch_plans
 
@@ -507,7 +516,7 @@ def test_sm90_fp8_ring_where_a_split_has_few_tiles(monkeypatch, rows, heads, top
     finally:
         clear_launch_plans()
     where = f"[flashmla {heads}x{rows}x{topk} fp8={kv_fp8}] {plan.kernel} splits={plan.splits} {plan.main!r}"
-    assert plan.kernel == "wgmma_tn", where
+    assert plan.kernel == kernel, where
     assert plan.main.kwargs.get("RING", 0) == ring, where
     if ring:
         assert -(-plan.split_len // 64) <= cuda_configs.TN_FP8_RING_MAX_TILES, where
@@ -523,7 +532,7 @@ def test_sm90_fp8_ring_where_a_split_has_few_tiles(monkeypatch, rows, heads, top
     (8, 32, False, {}, True),  # 32 heads in a 64-head block (wgmma_rr): its 32 heads stored compact
     (8, 96, False, {}, True),  # a whole block and a half-masked one
     (8, 48, True, {}, True),  # FP8 tokens: wgmma_ws, 48 heads in a 64-head block
-    (1, 16, True, {}, False),  # one 16-head block (FP8 tokens, wgmma_ws): the head-major combine is faster
+    (1, 16, True, {}, False),  # FP8 tokens at one row of 16 heads: wgmma_tn (its ring) stores head-major rows
     (8, 16, False, {}, False),  # wgmma_tn stores head-major rows
     (64, 64, False, {}, False),  # two splits merged in a cluster: no combine
     (512, 128, False, {}, False),  # one split: direct

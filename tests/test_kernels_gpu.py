@@ -162,6 +162,29 @@ def test_flashmla_heads_on_n_kernel(heads, rows, topk, kind):
     assert torch.all(lse[rows - 1] == float("-inf")) and torch.all(out[rows - 1] == 0), f"[flashmla ({name})] empty row"
 
 
+@pytest.mark.parametrize("heads,rows,topk", [(16, 1, 2000), (13, 3, 2048), (32, 1, 2048), (20, 8, 1999)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_flashmla_fp8_few_rows_run_the_ring(heads, rows, topk, dtype):
+    """FP8 tokens at <= 32 heads, few rows and a top-k of at most 2048 run ``wgmma_tn`` with its
+    ring of raw slots on sm_90 (below ``TN_MIN_ROWS``, one or two tiles a split; at 1-2 rows its
+    combine is a programmatic dependent launch) and give the float64 reference of the
+    dequantised cache, an all-invalid row included."""
+    from graphattn.common.platform import current_platform
+    from graphattn.cuda.configs import gluon_available
+    from graphattn.kernels.flashmla import kernel_name
+    from test_kernels_fp8 import check_fp8, fp8_inputs
+
+    fmt = current_platform().fp8_dtype
+    q, kv, idx = fp8_inputs(rows, heads, topk, rows * 2048 + 4096, dtype, fmt)
+    idx[rows - 1] = -1
+    name = kernel_name(q, kv, topk)
+    if torch.version.hip is None and torch.cuda.get_device_capability() == (9, 0) and gluon_available():
+        assert name == "wgmma_tn", f"[flashmla FP8 {heads} heads x {rows} rows] ran {name}"
+    out, lse, _ = run_path("flashmla", q, kv, idx, SCALE)
+    check_fp8(f"flashmla ({name}) few rows", q, kv, idx, SCALE, out, lse, None, fmt)
+    assert torch.all(lse[rows - 1] == float("-inf")) and torch.all(out[rows - 1] == 0), f"[flashmla ({name})] empty row"
+
+
 @pytest.mark.parametrize("heads", [1, 16, 48, 64, 80])
 @pytest.mark.parametrize("rows", [1, 3, 72])
 def test_flashmla_reads_unpadded_q(heads, rows):

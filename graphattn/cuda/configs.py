@@ -120,23 +120,27 @@ _WGMMA_TN_TILES = {bh: {**_WGMMA_TILE, "kernel": "wgmma_tn", "BLOCK_H": bh} for 
 WGMMA_SPLIT_COST_BLOCKS = 2  # wgmma_tn (q 18-36 KB, partial 32-64 KB) keeps it: the sweep
 # in docs/benchmarks.md found the resulting split counts best at 16 heads x 4 and 8 rows
 
-# With FP8 tokens at 16 heads, where a program has at most TN_FP8_RING_MAX_TILES tiles, the
-# gather fills a ring of TN_FP8_RING slots of raw bytes (41 KB each: three fit beside q and one
-# bf16 tile) and both consumers work on every tile, half its dequantisation each
+# With FP8 tokens, where a split has at most TN_FP8_RING_MAX_TILES KV tiles, the gather fills a
+# ring of TN_FP8_RING raw-byte slots (41 KB each: three fit beside q and one bf16 tile at 16
+# heads, two at 32) and both consumers work on every tile, half its dequantisation each
 # (graphattn.kernels.wgmma_tn's RING; the host keys fp8_ring and ring_max_tiles, applied by the
-# plan once the split length is known). A/B on the H200 (us, FP8, RING=0 -> 3, tiles per
-# program in brackets, docs/benchmarks.md): 16 x 4 (1) 11.70 -> 10.43, 16 x 8 (2) 15.68 ->
-# 14.41, 16 x 16 (4) 21.25 -> 20.58, 16 x 8 x topk 4096 (4) 21.35 -> 20.64; with more tiles the
-# two consumers' turns overlap a tile's dequantisation with the other's products, which the
-# shared tile cannot: 16 x 32 (8) 32.26 -> 32.79, 16 x 8 x 8192 (8) 32.87 -> 33.42, 16 x 64
-# 53.52 -> 57.58, 16 x 512 358.9 -> 412.6 (two ring slots: 414.7, so not the gather); at 32
-# heads (two slots) 32 x 64 61.44 -> 70.26.
-TN_FP8_RING, TN_FP8_RING_MAX_TILES = 3, 4
+# plan once the split length is known). A/B on the H200 (us, FP8, two slots -> ring, tiles a
+# split in brackets, docs/benchmarks.md): 16 x 4 (1) 11.65 -> 10.34, 16 x 8 (2) 15.62 ->
+# 14.39, 16 x 16 (4) 21.30 -> 20.58, 16 x 8 x topk 4096 (4) 21.27 -> 20.63; with more tiles the
+# two consumers' turns, each on its own slot, overlap one's dequantisation with the other's
+# products, which one shared tile cannot: 16 x 32 (8) 32.26 -> 32.79, 16 x 8 x 8192 (8) 32.87
+# -> 33.42, 16 x 512 358.9 -> 412.6 (two ring slots: 414.7, so not the gather), 32 x 64 61.44
+# -> 70.26.
+TN_FP8_RING, TN_FP8_RING_MAX_TILES = {16: 3, 32: 2}, 4
+# Below TN_MIN_ROWS, FP8 tokens at up to SMALL_BATCH_ROWS rows and TN_FP8_FEW_ROWS_MAX_TOPK
+# top-k take wgmma_tn too: their splits are one or two tiles, so the ring runs. Against
+# wgmma_ws (us, FP8, A/B on the H200): 16 x 1 9.81 -> 8.72, 16 x 2 11.05 -> 9.60, 16 x 3 11.96
+# -> 10.60, 32 x 1 10.13 -> 10.05, 32 x 4 13.32 -> 13.25, 32 x 8 18.47 -> 17.17.
+TN_FP8_FEW_ROWS_MAX_TOPK = 2048
 
 
 def _tn_fp8(tile: dict[str, Any]) -> dict[str, Any]:
-    ring = {"fp8_ring": TN_FP8_RING, "ring_max_tiles": TN_FP8_RING_MAX_TILES} if tile["BLOCK_H"] == 16 else {}
-    return {**tile, "KV_FP8": 1, **ring}
+    return {**tile, "KV_FP8": 1, "fp8_ring": TN_FP8_RING[tile["BLOCK_H"]], "ring_max_tiles": TN_FP8_RING_MAX_TILES}
 
 
 @functools.cache  # a process constant; find_spec searches the file system (~0.9 ms) every call
@@ -160,13 +164,16 @@ def _wgmma(path: str, capability: tuple[int, int]) -> bool:
     return path == "flashmla" and capability[0] == 9 and gluon_available()
 
 
-def _tn_tile(path: str, rows: int, heads: int, capability: tuple[int, int], kv_fp8: bool) -> dict[str, Any] | None:
-    """The tokens-major Gluon kernel's setting for ``rows x heads`` (sm_90, at most TN_MAX_HEADS
-    heads, from TN_MIN_ROWS rows), else None."""
+def _tn_tile(path: str, rows: int, heads: int, topk: int, capability: tuple[int, int],
+             kv_fp8: bool) -> dict[str, Any] | None:
+    """The tokens-major Gluon kernel's setting for ``rows x heads x topk`` (sm_90, at most
+    TN_MAX_HEADS heads, from TN_MIN_ROWS rows, or fewer for FP8 tokens at a small top-k), else
+    None."""
     if not _wgmma(path, capability) or heads > TN_MAX_HEADS:
         return None
     block = 16 if heads <= 16 else 32
-    if rows < TN_MIN_ROWS[block]:
+    few_fp8 = kv_fp8 and rows <= SMALL_BATCH_ROWS and topk <= TN_FP8_FEW_ROWS_MAX_TOPK
+    if rows < TN_MIN_ROWS[block] and not few_fp8:
         return None
     tile = _WGMMA_TN_TILES[block]
     return _tn_fp8(tile) if kv_fp8 else dict(tile)
@@ -259,7 +266,7 @@ def kernel_config(path: str, rows: int = 1, heads: int = 64, topk: int = 2048,
     elif path == "mega":
         cfg = _tiles(heads, kv_fp8)
     else:
-        tn = _tn_tile(path, rows, heads, capability, kv_fp8)
+        tn = _tn_tile(path, rows, heads, topk, capability, kv_fp8)
         if tn is not None:  # few heads: tokens on M, heads on N
             tiles = tn
         elif kv_fp8 and _wgmma(path, capability):  # the Gluon kernel's FP8 variant, at every size

@@ -126,8 +126,10 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
                     if "PARTIAL_NATIVE" in names and cfg.get("partial_native"):  # partials in the accumulator's order
                         variants.append(("bf16", {**kv, "PARTIAL_NATIVE": cfg["partial_native"]}))
                 if "RING" in names and kv and cfg.get("fp8_ring"):  # FP8 tokens through a ring of raw slots
-                    variants += [(dtype, {**kv, "RING": cfg["fp8_ring"]}) for dtype in ("bf16", "fp16")]
-                    variants.append(("bf16", {**kv, "RING": cfg["fp8_ring"], "DIRECT": True}))
+                    ring = {**kv, "RING": cfg["fp8_ring"]}
+                    variants += [("bf16", ring), ("fp16", ring), ("bf16", {**ring, "DIRECT": True})]
+                    if _combine_pdl(target):  # at 1-2 rows, before a combine launched as a PDL
+                        variants.append(("bf16", {**ring, "LAUNCH_DEPENDENTS": 1}))
                 if "PARTIAL_16" in names and _partial_native(target) == 2:  # the combine of 16-bit partials
                     variants.append(("bf16", {"PARTIAL_16": 1}))  # with each setting (plain, PDL)
                     if i == 0:

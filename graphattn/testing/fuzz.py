@@ -233,9 +233,11 @@ REGRESSION_SHAPES = (
     _regression(48, 300, 4, 5000, kv_dtype=KV_FP8),
     # FP8 tokens through wgmma_tn's ring of raw slots (few tiles a program): 13 of 16 heads in
     # 5 one-tile splits with indices past the pool; one split of 4 tiles, the last part-filled,
-    # storing out/lse directly, with an all-invalid row.
+    # storing out/lse directly, with an all-invalid row; 20 of 32 heads (two ring slots) at 2
+    # rows, one all-invalid, its combine a programmatic dependent launch.
     _regression(13, 300, 5, 5000, out_of_range=0.2, kv_dtype=KV_FP8),
     _regression(16, 250, 150, 5000, empty_rows=1, kv_dtype=KV_FP8),
+    _regression(20, 2000, 2, 5000, empty_rows=1, kv_dtype=KV_FP8),
 )
 
 
