@@ -19,7 +19,8 @@ column again on 2026-12-01 at 7c902cc (each tile dequantised by both consumers),
 at 1956748 (those partials in q's dtype). Both columns' rows that store partials in that order
 were measured again on 2026-12-01 (session 6) at 1fef9ea, where a partly-masked head block stores
 them compact (32 x 8, FP8 32 x 1 and 32 x 8 changed path; the others' code changed only in the
-store's offsets).
+store's offsets). FP8 16 x 1, 16 x 8, 32 x 1 and 32 x 8 are from the A/Bs of 2026-12-01 (session 7)
+at d59f8a5, where those shapes run ``wgmma_tn``'s ring of raw FP8 slots.
 """
 
 from __future__ import annotations
@@ -50,12 +51,12 @@ H200_US: dict[tuple[int, int, int], dict[str, float]] = {
 }
 
 H200_US_FP8: dict[tuple[int, int, int], dict[str, float]] = {
-    (16, 1, 2048): {"flashmla": 9.9, "trtllm": 37.6, "mega": 243.5},
-    (16, 8, 2048): {"flashmla": 15.6, "trtllm": 39.4, "mega": 250.2},
+    (16, 1, 2048): {"flashmla": 8.7, "trtllm": 37.6, "mega": 243.5},
+    (16, 8, 2048): {"flashmla": 14.4, "trtllm": 39.4, "mega": 250.2},
     (16, 64, 2048): {"flashmla": 53.9, "trtllm": 171.1, "mega": 251.6},
     (16, 512, 2048): {"flashmla": 361.1, "trtllm": 958.0, "mega": 986.8},
-    (32, 1, 2048): {"flashmla": 10.6, "trtllm": 55.0, "mega": 312.5},
-    (32, 8, 2048): {"flashmla": 18.8, "trtllm": 58.1, "mega": 310.7},
+    (32, 1, 2048): {"flashmla": 10.1, "trtllm": 55.0, "mega": 312.5},
+    (32, 8, 2048): {"flashmla": 17.2, "trtllm": 58.1, "mega": 310.7},
     (32, 64, 2048): {"flashmla": 61.6, "trtllm": 171.8, "mega": 306.5},
     (32, 512, 2048): {"flashmla": 411.0, "trtllm": 918.6, "mega": 919.0},
     (64, 1, 2048): {"flashmla": 11.3, "trtllm": 56.2, "mega": 308.3},
