@@ -117,7 +117,7 @@ PARTIAL_NATIVE_KERNELS = ("wgmma_rr", "wgmma_ws")
 NATIVE_HEADS = 16  # the rows of one warp of a wgmma accumulator
 # Gluon kernels that can gather FP8 tokens into a ring of raw slots of their own (``RING``), where
 # the launch setting says ``fp8_ring`` (the slots) and a split has at most ``ring_max_tiles``
-# KV tiles (sm_90: wgmma_tn at 16 heads).
+# KV tiles (sm_90: wgmma_tn, three slots at 16 heads and two at 32).
 RING_KERNELS = ("wgmma_tn",)
 NATIVE_COMBINE = ("wgmma_ws", "_flashmla_combine_native_kernel")  # Gluon, beside the store it reads
 

@@ -18,6 +18,11 @@ KV tiles by 16-byte ``cp.async`` into two slots) and FP8 dequantisation this ker
   each merges and stores half of the 512 output columns. With bf16 kv and few heads the tile's
   gather, not its products, sets the pace (two consumers keep two tiles in flight); with FP8
   tokens the dequantisation and the products on each consumer's chain do (docs/benchmarks.md).
+* **FP8 ring** (``RING``, where a split has few tiles): the producer gathers each tile's bytes
+  into a ring of raw slots of their own, and both consumers work on every tile in one bf16 tile
+  (:func:`_consumer_ring`): half its dequantisation each, so a program's few tiles finish sooner;
+  with many tiles the two slots' overlap (one consumer dequantising under the other's
+  products) is faster.
 
 Outputs and conventions are those of ``_flashmla_split_kernel`` (graphattn.kernels.flashmla): a
 normalised partial (or the final ``out``/``lse`` with ``DIRECT``), scores in base 2, an index
@@ -172,7 +177,7 @@ def _consumer_ring(smem, bars, idx_ptr, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_H, 16])
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)  # per head
     tok_s: gl.constexpr = gl.SliceLayout(1, s_layout)  # per token (and per output column)
-    conv: gl.constexpr = gl.BlockedLayout(  # [32, 128] bytes: 16 per thread per 4 rows
+    conv: gl.constexpr = gl.BlockedLayout(  # [32, 128] bytes: 16 per thread, 16 rows a pass
         size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0])
     HALF: gl.constexpr = D_NOPE // 2
     ROWS: gl.constexpr = BLOCK_N // 2
