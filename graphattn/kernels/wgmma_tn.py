@@ -95,19 +95,7 @@ def _consumer_t(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_
         # q's descriptors from an index that is 0 but not known to be (see wgmma_ws._issue_scores).
         s = _scores_t(q_nope, q_rope, k_nope, k_rope, kv_ready, t, (t + n_tiles < 0).to(gl.int32), s_layout,
                       BLOCK_H, BLOCK_N)
-        valid = (idx_s >= 0) & (idx_s < pool)
-        s = gl.where(valid[:, None], s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m, gl.max(s, axis=0))
-        # While a head has seen nothing valid its max is -inf; subtract 0 instead (no inf - inf).
-        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m - m_ref)
-        p = gl.exp2(s - m_ref[None, :])
-        l_part = l_part * alpha[None, :] + p
-        acc = acc * alpha[None, :]
-        m = m_new
-        p_mine.store(p.to(p_mine.dtype))
-        fence_async_shared()  # P^T (generic stores) before the wgmma reads it (async proxy)
-        _cta_barrier()
+        m, l_part, acc = _softmax_t(s, idx_s, pool, qk_scale, m, l_part, acc, p_mine)
         # V^T's 32 descriptors from a slot index that is WG but not known to be: hoisted out of
         # the loop they would hold 64 registers across it (and spill).
         v_slot = WG + (t + n_tiles < 0).to(gl.int32)
@@ -139,7 +127,7 @@ def _consumer_t(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_
     w0 = a0 / gl.where(empty, 1.0, l)
     w1 = a1 / gl.where(empty, 1.0, l)
     h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=col_s)
-    o_mask = (h < H)[None, :]  # heads >= H exist only in this program: never stored
+    h_ok = h < H  # heads >= H exist only in this program: never stored
     HALF: gl.constexpr = D_NOPE // 2
     for c in gl.static_range(0, HALF, BLOCK_N):
         out = (_merge_view(k_nope, WG, D_NOPE, BLOCK_H).slice(WG * HALF + c, BLOCK_N, dim=0).load(s_layout)
@@ -147,17 +135,9 @@ def _consumer_t(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_
                + _merge_view(k_nope, 1 - WG, D_NOPE, BLOCK_H).slice(WG * HALF + c, BLOCK_N, dim=0).load(s_layout)
                * w1[None, :])
         d = WG * HALF + c + gl.arange(0, BLOCK_N, layout=tok_s)
-        if DIRECT:
-            rh = row.to(gl.int64) * H + h
-            gl.store(out_ptr + rh[None, :] * D_NOPE + d[:, None], out.to(out_ptr.dtype.element_ty), mask=o_mask)
-        else:
-            w_base = ws_out_ptr + row.to(gl.int64) * stride_wr + split * stride_ws
-            gl.store(w_base + h[None, :] * stride_wh + d[:, None], out, mask=o_mask)
+        _store_out_t(out, h, h_ok, d, row, split, H, out_ptr, ws_out_ptr, stride_wr, stride_ws, stride_wh, D_NOPE, DIRECT)
     if WG == 0:
-        if DIRECT:
-            gl.store(lse_ptr + row.to(gl.int64) * H + h, lse, mask=h < H)
-        else:
-            gl.store(ws_lse_ptr + row.to(gl.int64) * stride_lr + split * stride_ls + h, lse, mask=h < H)
+        _store_lse_t(lse, h, h_ok, row, split, H, lse_ptr, ws_lse_ptr, stride_lr, stride_ls, DIRECT)
 
 
 @gluon.jit
@@ -222,19 +202,7 @@ def _consumer_ring(smem, bars, idx_ptr, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr
         s = warpgroup_mma(k_rope.index(r), q_rope.index(z).permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         mbarrier.arrive(kv_free.index(r))  # its bytes, scales and rope are read: the gather may refill it
-        valid = (idx_s >= 0) & (idx_s < pool)
-        s = gl.where(valid[:, None], s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m, gl.max(s, axis=0))
-        # While a head has seen nothing valid its max is -inf; subtract 0 instead (no inf - inf).
-        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m - m_ref)
-        p = gl.exp2(s - m_ref[None, :])
-        l_part = l_part * alpha[None, :] + p
-        acc = acc * alpha[None, :]
-        m = m_new
-        p_mine.store(p.to(p_mine.dtype))
-        fence_async_shared()  # P^T (generic stores) before the wgmma reads it (async proxy)
-        _cta_barrier()
+        m, l_part, acc = _softmax_t(s, idx_s, pool, qk_scale, m, l_part, acc, p_mine)
         acc = warpgroup_mma(k_nope.index(z).slice(WG * HALF, HALF, dim=1).permute((1, 0)), p_mine, acc,
                             is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -244,19 +212,56 @@ def _consumer_ring(smem, bars, idx_ptr, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr
     lse = gl.where(empty, float("-inf"), (m + gl.log2(gl.where(empty, 1.0, l))) * 0.6931471805599453)
     out = acc * (1.0 / gl.where(empty, 1.0, l))[None, :]
     h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=col_s)
-    o_mask = (h < H)[None, :]  # heads >= H exist only in this program: never stored
+    h_ok = h < H  # heads >= H exist only in this program: never stored
     d = WG * HALF + gl.arange(0, HALF, layout=tok_s)
+    _store_out_t(out, h, h_ok, d, row, split, H, out_ptr, ws_out_ptr, stride_wr, stride_ws, stride_wh, D_NOPE, DIRECT)
+    if WG == 0:
+        _store_lse_t(lse, h, h_ok, row, split, H, lse_ptr, ws_lse_ptr, stride_lr, stride_ls, DIRECT)
+
+
+@gluon.jit
+def _softmax_t(s, idx_s, pool, qk_scale, m, l_part, acc, p_buf):
+    """One tile's online softmax over its tokens (``s``: ``S^T`` ``[BLOCK_N, BLOCK_H]``, tokens
+    outside ``[0, pool)`` masked): the running max ``m``, the per-token sums ``l_part`` and the
+    output ``acc`` rescaled, and ``P^T`` stored into ``p_buf`` for the wgmma. Returns ``(m,
+    l_part, acc)``."""
+    valid = (idx_s >= 0) & (idx_s < pool)
+    s = gl.where(valid[:, None], s * qk_scale, float("-inf"))
+    m_new = gl.maximum(m, gl.max(s, axis=0))
+    # While a head has seen nothing valid its max is -inf; subtract 0 instead (no inf - inf).
+    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m - m_ref)
+    p = gl.exp2(s - m_ref[None, :])
+    l_part = l_part * alpha[None, :] + p
+    acc = acc * alpha[None, :]
+    p_buf.store(p.to(p_buf.dtype))
+    fence_async_shared()  # P^T (generic stores) before the wgmma reads it (async proxy)
+    _cta_barrier()
+    return m_new, l_part, acc
+
+
+@gluon.jit
+def _store_out_t(out, h, h_ok, d, row, split, H, out_ptr, ws_out_ptr, stride_wr, stride_ws, stride_wh,
+                 D_NOPE: gl.constexpr, DIRECT: gl.constexpr):
+    """Output columns ``d`` of heads ``h`` (``out``: ``[len(d), BLOCK_H]`` f32): the final output
+    in its dtype with ``DIRECT``, else this split's partial; only heads ``h_ok`` (``h < H``: the
+    others exist only in this program) are stored."""
+    o_mask = h_ok[None, :]
     if DIRECT:
         rh = row.to(gl.int64) * H + h
         gl.store(out_ptr + rh[None, :] * D_NOPE + d[:, None], out.to(out_ptr.dtype.element_ty), mask=o_mask)
     else:
         w_base = ws_out_ptr + row.to(gl.int64) * stride_wr + split * stride_ws
         gl.store(w_base + h[None, :] * stride_wh + d[:, None], out, mask=o_mask)
-    if WG == 0:
-        if DIRECT:
-            gl.store(lse_ptr + row.to(gl.int64) * H + h, lse, mask=h < H)
-        else:
-            gl.store(ws_lse_ptr + row.to(gl.int64) * stride_lr + split * stride_ls + h, lse, mask=h < H)
+
+
+@gluon.jit
+def _store_lse_t(lse, h, h_ok, row, split, H, lse_ptr, ws_lse_ptr, stride_lr, stride_ls, DIRECT: gl.constexpr):
+    """The lse of heads ``h`` (those ``h_ok``): the final one with ``DIRECT``, else this split's."""
+    if DIRECT:
+        gl.store(lse_ptr + row.to(gl.int64) * H + h, lse, mask=h_ok)
+    else:
+        gl.store(ws_lse_ptr + row.to(gl.int64) * stride_lr + split * stride_ls + h, lse, mask=h_ok)
 
 
 @gluon.jit
