@@ -319,6 +319,28 @@ def _use_sm90_settings(monkeypatch):
     return cuda_configs
 
 
+def _plan_as_h200(monkeypatch):
+    """sm_90's launch table and an H200's 132 SMs for this test's plans (skipped where this
+    triton has no Gluon, whose kernels the plans name); returns graphattn.cuda.configs."""
+    cuda_configs = _use_sm90_settings(monkeypatch)
+    if not cuda_configs.gluon_available():
+        pytest.skip("this triton has no Gluon Hopper dialect")
+    monkeypatch.setattr(type(current_platform()), "num_compute_units", lambda self: cuda_configs.SM90_SMS)
+    return cuda_configs
+
+
+def _fresh_plan(rows, heads, topk, ws_splits, kv_fp8):
+    """flashmla's plan made now (none memoised before or kept after: the test's settings apply)."""
+    from graphattn.kernels.flashmla import plan_flashmla
+    from graphattn.kernels.launch import clear_launch_plans
+
+    clear_launch_plans()
+    try:
+        return plan_flashmla(rows, heads, topk, ws_splits, kv_fp8=kv_fp8)
+    finally:
+        clear_launch_plans()
+
+
 def test_sm90_flashmla_picks_gluon_and_falls_back_for_unaligned_inputs(monkeypatch):
     """With sm_90 settings flashmla runs the warp-specialised Gluon kernel where its 16-byte
     cp.async copies are legal (at 12 warps, so with a register cap at launch), and flashmla's
@@ -417,20 +439,10 @@ def test_sm90_two_splits_merge_in_a_cluster(monkeypatch, rows, heads, topk, kv_f
     ``Launch.cluster``) that merge in the kernel, with no combine launch (with FP8 tokens only
     where the launch fills at least 0.75 of an H200's 132 SMs); everywhere else the plan is
     unchanged."""
-    from graphattn.kernels.flashmla import plan_flashmla
-    from graphattn.kernels.launch import clear_launch_plans
-
-    cuda_configs = _use_sm90_settings(monkeypatch)
-    if not cuda_configs.gluon_available():
-        pytest.skip("this triton has no Gluon Hopper dialect")
-    monkeypatch.setattr(type(current_platform()), "num_compute_units", lambda self: cuda_configs.SM90_SMS)
+    cuda_configs = _plan_as_h200(monkeypatch)
     for key, value in override.items():
         monkeypatch.setitem(cuda_configs._WGMMA_FP8_TILE if kv_fp8 else cuda_configs._WGMMA_RR_TILE, key, value)
-    clear_launch_plans()
-    try:
-        plan = plan_flashmla(rows, heads, topk, 32, kv_fp8=kv_fp8)
-    finally:
-        clear_launch_plans()
+    plan = _fresh_plan(rows, heads, topk, 32, kv_fp8)
     where = f"[flashmla {heads}x{rows}x{topk} fp8={kv_fp8} {override}] {plan.main!r}"
     assert plan.main.kwargs.get("CLUSTER", 0) == cluster and plan.main.cluster == max(cluster, 1), where
     assert plan.main.grid == (rows * plan.splits * plan.head_blocks,), where
@@ -503,18 +515,8 @@ def test_sm90_fp8_ring_where_a_split_has_few_tiles(monkeypatch, rows, heads, top
     """With FP8 tokens at <= 32 heads, where a split has at most ``ring_max_tiles`` KV tiles,
     sm_90 plans ``wgmma_tn`` with its ring of raw slots (``RING``), also below ``TN_MIN_ROWS``
     at few rows and a small top-k; elsewhere it keeps the two slots (or wgmma_ws)."""
-    from graphattn.kernels.flashmla import plan_flashmla
-    from graphattn.kernels.launch import clear_launch_plans
-
-    cuda_configs = _use_sm90_settings(monkeypatch)
-    if not cuda_configs.gluon_available():
-        pytest.skip("this triton has no Gluon Hopper dialect")
-    monkeypatch.setattr(type(current_platform()), "num_compute_units", lambda self: cuda_configs.SM90_SMS)
-    clear_launch_plans()
-    try:
-        plan = plan_flashmla(rows, heads, topk, 64, kv_fp8=kv_fp8)
-    finally:
-        clear_launch_plans()
+    cuda_configs = _plan_as_h200(monkeypatch)
+    plan = _fresh_plan(rows, heads, topk, 64, kv_fp8)
     where = f"[flashmla {heads}x{rows}x{topk} fp8={kv_fp8}] {plan.kernel} splits={plan.splits} {plan.main!r}"
     assert plan.kernel == kernel, where
     assert plan.main.kwargs.get("RING", 0) == ring, where
@@ -542,21 +544,13 @@ def test_sm90_partials_in_the_accumulator_order(monkeypatch, rows, heads, kv_fp8
     16 (a partly-masked 64-head block stores whole warps of its accumulator) above 16, the split kernel
     stores its partials in the accumulator's order (``PARTIAL_NATIVE``) and the combine is the
     kernel that reads that order; everywhere else both stay head-major."""
-    from graphattn.kernels.flashmla import NATIVE_COMBINE, _flashmla_combine_kernel, _gluon, plan_flashmla
-    from graphattn.kernels.launch import clear_launch_plans
+    from graphattn.kernels.flashmla import NATIVE_COMBINE, _flashmla_combine_kernel, _gluon
 
-    cuda_configs = _use_sm90_settings(monkeypatch)
-    if not cuda_configs.gluon_available():
-        pytest.skip("this triton has no Gluon Hopper dialect")
-    monkeypatch.setattr(type(current_platform()), "num_compute_units", lambda self: cuda_configs.SM90_SMS)
+    cuda_configs = _plan_as_h200(monkeypatch)
     for tile in (cuda_configs._WGMMA_RR_TILE, cuda_configs._WGMMA_FP8_TILE, cuda_configs._WGMMA_TILE):
         for key, value in override.items():
             monkeypatch.setitem(tile, key, value)
-    clear_launch_plans()
-    try:
-        plan = plan_flashmla(rows, heads, 2048, 32, kv_fp8=kv_fp8)
-    finally:
-        clear_launch_plans()
+    plan = _fresh_plan(rows, heads, 2048, 32, kv_fp8)
     where = f"[flashmla {heads}x{rows} fp8={kv_fp8} {override}] {plan.kernel} {plan.main!r} {plan.combine!r}"
     assert bool(plan.main.kwargs.get("PARTIAL_NATIVE")) == native, where
     if plan.combine is not None:
