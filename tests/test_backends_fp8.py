@@ -225,3 +225,42 @@ def test_fuzz_fp8_cases_every_backend():
         assert (kv.data_ptr() % 16 == 0 and kv.stride(0) % 16 == 0) == aligned_16, (layout, kv.stride())
         result = fuzz.run_case(case)
         assert result.status == "ok", result.message
+
+
+@pytest.mark.parametrize("kv_fp8", [False, True])
+def test_kernel_bench_pools_draw_distinct_tokens_of_the_rows_pool(kv_fp8):
+    """``--pool-tokens`` (FlashMLA's benchmark conditions): the sets share the pools, one for all
+    rows or one per ``rows_per_pool`` rows, and each row reads ``topk`` distinct tokens of its own
+    pool; a pool smaller than top-k, or rows per pool without pools, is refused."""
+    from graphattn.bench import kernels
+
+    for rows_per_pool, pools in ((None, 1), (2, 150), (7, 43)):
+        sets = kernels.make_copies(300, 4, 16, 2, device="cpu", kv_fp8=kv_fp8, pool_tokens=40,
+                                   rows_per_pool=rows_per_pool)
+        assert sets[0]["kv"] is sets[1]["kv"] and sets[0]["kv"].shape[0] == 40 * pools
+        for s in sets:
+            idx = s["idx"]
+            assert idx.shape == (300, 16) and idx.dtype == torch.int32
+            pool_of_row = torch.arange(300) // (rows_per_pool or 300)
+            assert torch.equal(idx.long() // 40, pool_of_row[:, None].expand(300, 16)), "a row read another pool"
+            assert all(len(set(row.tolist())) == 16 for row in idx), "a row read a token twice"
+        assert not torch.equal(sets[0]["idx"], sets[1]["idx"])
+    with pytest.raises(ValueError, match="at least topk"):
+        kernels.make_copies(2, 4, 16, 2, device="cpu", pool_tokens=8)
+    with pytest.raises(ValueError, match="needs pool_tokens"):
+        kernels.make_copies(2, 4, 16, 2, device="cpu", rows_per_pool=2)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--rows-per-pool", "2"], "--rows-per-pool needs --pool-tokens"),
+    (["--pool-tokens", "4096", "--shape", "128x4096"], "expected HEADSxROWSxTOPK"),
+    (["--pool-tokens", "1000"], "a pool needs at least topk (2048) tokens"),
+])
+def test_kernel_bench_refuses_bad_pool_options(argv, message, capsys):
+    """The pool options are checked before anything runs (no GPU needed to be told)."""
+    from graphattn.bench import kernels
+
+    with pytest.raises(SystemExit) as exit_info:
+        kernels.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

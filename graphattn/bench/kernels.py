@@ -1,6 +1,7 @@
 """Kernel benchmark: every sparse MLA path and the torch reference, timed inside CUDA graphs.
 
-``python -m graphattn.bench.kernels [--json out.json] [--quick] [--sweep] [--kv-dtype fp8]``
+``python -m graphattn.bench.kernels [--json out.json] [--quick] [--sweep] [--kv-dtype fp8]
+[--pool-tokens TOKENS ... [--rows-per-pool N] [--shape HxRxT]]``
 
 Each timed step replays one CUDA graph holding ``reps`` calls that cycle through several input
 copies (each copy its own q, indices and KV region, and each query row its own tokens), so the
@@ -10,6 +11,14 @@ the H200 roofline: ``max(bytes / 4.2 TB/s, flops / 790 TFLOP/s)`` with
 the masked heads of a partly filled head block, e.g. 16 heads in flashmla's 64-head blocks,
 are not counted). With ``--kv-dtype fp8`` the KV is 656-byte
 FP8 tokens (``graphattn.common.kv_layout``) and counted at 656 bytes per token instead of 1152.
+
+``--pool-tokens TOKENS ...`` measures flashmla under the conditions of FlashMLA's published
+sparse benchmarks instead: every row's top-k drawn at random from a pool of ``TOKENS`` tokens
+(one pool for all rows, or one per ``--rows-per-pool`` rows), the same inputs every call. Its
+prefill case (the default ``--shape 128x4096x2048``, one pool of 8192-131072 tokens) keeps the
+KV L2-resident (9.4 MB at 8192 tokens) or partly so; its decode case (``--shape 128x256x2048
+--pool-tokens 32768 --rows-per-pool 2``: 128 sequences of 32768 tokens, 2 query rows each) is
+mostly cold. Those numbers compare with FlashMLA's; the bars use the table's cold-KV method.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ SHAPES = [(h, r, 2048) for h in (16, 32, 64, 128) for r in (1, 8, 64, 512)]
 SHAPES += [(h, 64, 8192) for h in (16, 64, 128)] + [(h, 8, 32768) for h in (16, 64, 128)]
 QUICK_SHAPES = [(16, 1, 2048), (64, 8, 2048), (64, 64, 2048), (128, 512, 2048)]
 PATHS = ("flashmla", "trtllm", "mega", "torch")
+POOL_SHAPE = "128x4096x2048"  # FlashMLA's V3.2 sparse prefill case: h_q 128, s_q 4096, topk 2048
 
 
 def roofline(rows: int, heads: int, topk: int, kv_fp8: bool = False) -> tuple[float, float, float]:
@@ -40,18 +50,33 @@ def roofline(rows: int, heads: int, topk: int, kv_fp8: bool = False) -> tuple[fl
     return nbytes, flops, max(nbytes / H200_BYTES_PER_S, flops / H200_FLOP_PER_S)
 
 
-def make_copies(rows: int, heads: int, topk: int, copies: int, device="cuda", kv_fp8: bool = False) -> list[dict]:
+def make_copies(rows: int, heads: int, topk: int, copies: int, device="cuda", kv_fp8: bool = False,
+                pool_tokens: int | None = None, rows_per_pool: int | None = None) -> list[dict]:
     """``copies`` input sets; row ``r`` of copy ``c`` reads its own shuffled token block
-    (``kv_fp8``: the pool is ``[pool, 656]`` uint8 FP8 tokens)."""
-    pool = copies * rows * topk
-    kv = torch.randn(pool, 576, device=device, dtype=torch.bfloat16)
+    (``kv_fp8``: the KV is ``[tokens, 656]`` uint8 FP8 tokens). ``pool_tokens``: instead, pools
+    of that many tokens shared by every copy, one per ``rows_per_pool`` rows (default: one for
+    all rows), each row reading ``topk`` distinct tokens of its pool at random."""
+    if pool_tokens is not None and pool_tokens < topk:
+        raise ValueError(f"a pool of {pool_tokens} tokens cannot give a row {topk} distinct tokens: "
+                         "pass at least topk")
+    if rows_per_pool is not None and (pool_tokens is None or rows_per_pool < 1):
+        raise ValueError(f"rows_per_pool={rows_per_pool} needs pool_tokens and at least 1 row a pool")
+    per_pool = rows_per_pool or rows
+    tokens = -(-rows // per_pool) * pool_tokens if pool_tokens else copies * rows * topk
+    kv = torch.randn(tokens, 576, device=device, dtype=torch.bfloat16)
     if kv_fp8:
         kv = quantize_kv(kv)
     sets = []
     for c in range(copies):
-        base = (c * rows + torch.arange(rows, device=device)[:, None]) * topk
-        perm = torch.argsort(torch.rand(rows, topk, device=device), dim=1)
-        idx = (base + perm).to(torch.int32)
+        if pool_tokens:
+            pick = torch.cat([torch.rand(min(256, rows - r0), pool_tokens, device=device).topk(topk, dim=1).indices
+                              for r0 in range(0, rows, 256)])
+            first = (torch.arange(rows, device=device) // per_pool * pool_tokens)[:, None]
+            idx = (first + pick).to(torch.int32)
+        else:
+            base = (c * rows + torch.arange(rows, device=device)[:, None]) * topk
+            perm = torch.argsort(torch.rand(rows, topk, device=device), dim=1)
+            idx = (base + perm).to(torch.int32)
         q = torch.randn(rows, heads, 576, device=device, dtype=torch.bfloat16)
         sets.append({"q": q, "kv": kv, "idx": idx})
     return sets
@@ -122,12 +147,16 @@ def time_graph(fn: Callable[[dict], Any], sets: list[dict], reps: int, replays: 
     return start.elapsed_time(end) / 1e3 / (replays * reps)
 
 
-def measure(heads: int, rows: int, topk: int, paths=PATHS, kv_fp8: bool = False) -> list[dict[str, Any]]:
-    """One result row per path at one shape (``kv_fp8``: 656-byte FP8 KV tokens)."""
+def measure(heads: int, rows: int, topk: int, paths=PATHS, kv_fp8: bool = False,
+            pool_tokens: int | None = None, rows_per_pool: int | None = None) -> list[dict[str, Any]]:
+    """One result row per path at one shape (``kv_fp8``: 656-byte FP8 KV tokens; ``pool_tokens``,
+    ``rows_per_pool``: the rows' top-k drawn from shared pools, two input sets, see
+    ``make_copies``)."""
     nbytes, flops, floor = roofline(rows, heads, topk, kv_fp8)
     token_bytes = TOKEN_BYTES if kv_fp8 else 1152
-    copies = max(2, min(64, math.ceil(COLD_BYTES / (rows * topk * token_bytes))))
-    sets = make_copies(rows, heads, topk, copies, kv_fp8=kv_fp8)
+    copies = 2 if pool_tokens else max(2, min(64, math.ceil(COLD_BYTES / (rows * topk * token_bytes))))
+    sets = make_copies(rows, heads, topk, copies, kv_fp8=kv_fp8, pool_tokens=pool_tokens,
+                       rows_per_pool=rows_per_pool)
     reps = max(copies, min(200, math.ceil(2e-3 / max(floor, 1e-6))))
     results = []
     for path in paths:
@@ -136,7 +165,7 @@ def measure(heads: int, rows: int, topk: int, paths=PATHS, kv_fp8: bool = False)
         t = time_graph(path_fn(path, rows, heads, topk), sets, reps)
         results.append({
             "heads": heads, "rows": rows, "topk": topk, "path": path, "kv": "fp8" if kv_fp8 else "bf16",
-            "us": t * 1e6,
+            "pool_tokens": pool_tokens, "rows_per_pool": rows_per_pool, "us": t * 1e6,
             "GBps": nbytes / t / 1e9, "TFLOPs": flops / t / 1e12, "roofline": floor / t,
         })
     del sets
@@ -217,11 +246,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", action="store_true", help="time tile candidates on a few shapes")
     parser.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16",
                         help="KV cache: bf16 [pool, 576] or 656-byte FP8 tokens (bytes counted at 656)")
+    parser.add_argument("--pool-tokens", type=int, nargs="+", metavar="TOKENS",
+                        help="FlashMLA's benchmark conditions instead of the table: every row's top-k from a "
+                             "pool of TOKENS tokens (each size given), flashmla only")
+    parser.add_argument("--rows-per-pool", type=int, metavar="N",
+                        help="with --pool-tokens: one pool per N rows (default: one pool for all rows)")
+    parser.add_argument("--shape", default=POOL_SHAPE, metavar="HxRxT",
+                        help=f"with --pool-tokens: heads x rows x topk (default {POOL_SHAPE})")
     args = parser.parse_args(argv)
+    if args.rows_per_pool is not None and not args.pool_tokens:
+        parser.error("--rows-per-pool needs --pool-tokens")
+    try:
+        heads, rows, topk = (int(x) for x in args.shape.lower().split("x"))
+    except ValueError:
+        parser.error(f"--shape {args.shape!r}: expected HEADSxROWSxTOPK, e.g. {POOL_SHAPE}")
+    if args.pool_tokens and min(args.pool_tokens) < topk:
+        parser.error(f"--pool-tokens {min(args.pool_tokens)}: a pool needs at least topk ({topk}) tokens")
     if not torch.cuda.is_available():
         print("graphattn.bench.kernels needs a CUDA/HIP GPU", file=sys.stderr)
         return 2
-    if args.sweep:
+    if args.pool_tokens:
+        fp8 = args.kv_dtype == "fp8"
+        results = [r for tokens in args.pool_tokens
+                   for r in measure(heads, rows, topk, paths=("flashmla",), kv_fp8=fp8, pool_tokens=tokens,
+                                    rows_per_pool=args.rows_per_pool)]
+        for r in results:
+            pools = f"one pool per {r['rows_per_pool']} rows" if r["rows_per_pool"] else "one pool"
+            print(f"{r['kv']} kv, {r['heads']} heads x {r['rows']} rows x topk {r['topk']}, {pools} of "
+                  f"{r['pool_tokens']} tokens: {r['us']:.1f} us, {r['TFLOPs']:.1f} TFLOP/s, {r['GBps']:.0f} GB/s")
+    elif args.sweep:
         results = sweep([(16, 512, 2048), (64, 512, 2048), (128, 512, 2048), (64, 8, 2048)], SWEEP_CANDIDATES)
     else:
         fp8 = args.kv_dtype == "fp8"

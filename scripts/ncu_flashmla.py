@@ -1,0 +1,39 @@
+"""flashmla calls at one shape for Nsight Compute: the kernel table's cold inputs (each row its
+own tokens, input copies cycled), eager launches, so ``ncu`` can profile one of them.
+
+``ncu --clock-control none --kernel-name regex:_flashmla --launch-skip 4 --launch-count 1
+--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats
+python scripts/ncu_flashmla.py 128x64x2048 [--kv-fp8] [--calls 8]`` (from the repository root with
+``PYTHONPATH=.``). ncu's default cache control flushes the caches before each replay of the
+profiled kernel, so it reads the KV from HBM as the table's method does.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+
+from graphattn.bench import kernels as kb
+from graphattn.common.kv_layout import TOKEN_BYTES
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("shape", help="HEADSxROWSxTOPK")
+    ap.add_argument("--kv-fp8", action="store_true", help="656-byte FP8 KV tokens")
+    ap.add_argument("--calls", type=int, default=8, help="eager calls (the first few compile and warm up)")
+    args = ap.parse_args()
+    heads, rows, topk = (int(x) for x in args.shape.split("x"))
+    token_bytes = TOKEN_BYTES if args.kv_fp8 else 1152
+    copies = max(2, min(64, math.ceil(kb.COLD_BYTES / (rows * topk * token_bytes))))
+    sets = kb.make_copies(rows, heads, topk, copies, kv_fp8=args.kv_fp8)
+    fn = kb.path_fn("flashmla", rows, heads, topk)
+    for i in range(args.calls):
+        fn(sets[i % len(sets)])
+    torch.cuda.synchronize()
+    print(f"flashmla {args.shape} ({'fp8' if args.kv_fp8 else 'bf16'} kv): {args.calls} calls done")
+
+
+if __name__ == "__main__":
+    main()
