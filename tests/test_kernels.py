@@ -341,6 +341,17 @@ def _fresh_plan(rows, heads, topk, ws_splits, kv_fp8):
         clear_launch_plans()
 
 
+def _h200_plan_running(monkeypatch, rows, heads, topk, kv_fp8, kernel):
+    """An H200's flashmla plan (:func:`_plan_as_h200`, :func:`_fresh_plan`; 64 workspace splits),
+    asserted to run ``kernel``: ``(graphattn.cuda.configs, plan, where)``, ``where`` naming the
+    shape and the launch for failure messages."""
+    cuda_configs = _plan_as_h200(monkeypatch)
+    plan = _fresh_plan(rows, heads, topk, 64, kv_fp8)
+    where = f"[flashmla {heads}x{rows}x{topk} fp8={kv_fp8}] {plan.kernel} splits={plan.splits} {plan.main!r}"
+    assert plan.kernel == kernel, where
+    return cuda_configs, plan, where
+
+
 def test_sm90_flashmla_picks_gluon_and_falls_back_for_unaligned_inputs(monkeypatch):
     """With sm_90 settings flashmla runs the warp-specialised Gluon kernel where its 16-byte
     cp.async copies are legal (at 12 warps, so with a register cap at launch), and flashmla's
@@ -515,13 +526,31 @@ def test_sm90_fp8_ring_where_a_split_has_few_tiles(monkeypatch, rows, heads, top
     """With FP8 tokens at <= 32 heads, where a split has at most ``ring_max_tiles`` KV tiles,
     sm_90 plans ``wgmma_tn`` with its ring of raw slots (``RING``), also below ``TN_MIN_ROWS``
     at few rows and a small top-k; elsewhere it keeps the two slots (or wgmma_ws)."""
-    cuda_configs = _plan_as_h200(monkeypatch)
-    plan = _fresh_plan(rows, heads, topk, 64, kv_fp8)
-    where = f"[flashmla {heads}x{rows}x{topk} fp8={kv_fp8}] {plan.kernel} splits={plan.splits} {plan.main!r}"
-    assert plan.kernel == kernel, where
+    cuda_configs, plan, where = _h200_plan_running(monkeypatch, rows, heads, topk, kv_fp8, kernel)
     assert plan.main.kwargs.get("RING", 0) == ring, where
     if ring:
         assert -(-plan.split_len // 64) <= cuda_configs.TN_FP8_RING_MAX_TILES, where
+
+
+@pytest.mark.parametrize("rows,heads,topk,kv_fp8,kernel,early", [
+    (64, 128, 2048, False, "wgmma_rr", 1),  # one split, two head blocks sharing each token
+    (512, 128, 2048, False, "wgmma_rr", 1),
+    (64, 128, 8192, False, "wgmma_rr", 1),
+    (257, 100, 2077, False, "wgmma_rr", 1),  # a partly-masked second head block
+    (512, 64, 2048, False, "wgmma_rr", 0),  # one head block: measured no faster
+    (8, 128, 2048, False, "wgmma_rr", 0),  # splits: not measured
+    (24, 128, 2048, False, "wgmma_rr", 0),  # two splits merged in a cluster
+    (64, 128, 2048, True, "wgmma_ws", 0),  # FP8 tokens: another kernel
+])
+def test_sm90_rr_takes_its_index_loads_off_the_producers_path(monkeypatch, rows, heads, topk, kv_fp8, kernel,
+                                                              early):
+    """wgmma_rr's producer loads its indices early (``IDX_EARLY``: the split's indices asked of
+    L2, each round's a round ahead) where the launch setting's ``idx_early_min_heads`` says and
+    the launch has one split, as measured on the H200; nowhere else."""
+    cuda_configs, plan, where = _h200_plan_running(monkeypatch, rows, heads, topk, kv_fp8, kernel)
+    assert plan.main.kwargs.get("IDX_EARLY", 0) == early, where
+    if early:
+        assert plan.splits == 1 and heads >= cuda_configs._WGMMA_RR_TILE["idx_early_min_heads"], where
 
 
 @pytest.mark.parametrize("rows,heads,kv_fp8,override,native", [

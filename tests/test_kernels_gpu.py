@@ -204,6 +204,31 @@ def test_flashmla_cluster_merge_replays_in_a_graph(heads, rows, topk, dtype, kv_
     combine launch; FP8 tokens too) a captured call replays with fresh inputs exactly as an
     eager call runs, from a NaN-poisoned workspace each time, and matches the float64
     reference (of the dequantised cache with FP8 tokens)."""
+    def expect(plan):
+        if plan.kernel in ("wgmma_rr", "wgmma_ws"):
+            assert plan.main.cluster == 2 and plan.combine is None, f"[flashmla {heads}x{rows} fp8={kv_fp8}] {plan.main!r}"
+
+    _check_graph_replays(heads, rows, topk, dtype, kv_fp8, expect)
+
+
+@pytest.mark.parametrize("heads,rows,topk,dtype", [
+    (128, 70, 1000, torch.bfloat16), (100, 70, 1000, torch.float16), (128, 140, 2077, torch.bfloat16),
+])
+def test_flashmla_rr_early_indices_replay_in_a_graph(heads, rows, topk, dtype):
+    """wgmma_rr with its producer loading the indices early (``IDX_EARLY``: one split, more than
+    64 heads): the last round part-filled, 10% of the indices -1, a captured call replays with
+    fresh inputs exactly as an eager call runs and matches the float64 reference."""
+    def expect(plan):
+        if plan.kernel == "wgmma_rr":
+            assert plan.main.kwargs.get("IDX_EARLY") == 1 and plan.splits == 1, f"[flashmla {heads}x{rows}] {plan.main!r}"
+
+    _check_graph_replays(heads, rows, topk, dtype, False, expect)
+
+
+def _check_graph_replays(heads, rows, topk, dtype, kv_fp8, expect):
+    """flashmla at one shape: ``expect(plan)`` on sm_90, then a captured call replayed three
+    times with fresh inputs, each from a NaN-poisoned workspace, bit-identical to an eager call
+    and within the float64 reference's tolerance (of the dequantised cache with FP8 tokens)."""
     from graphattn.common.kv_layout import quantize_kv
     from graphattn.common.metadata import GraphMetadata
     from graphattn.common.platform import current_platform
@@ -214,9 +239,8 @@ def test_flashmla_cluster_merge_replays_in_a_graph(heads, rows, topk, dtype, kv_
     md = GraphMetadata(rows, heads, topk, dtype, "cuda",
                        **split_plan("flashmla", heads, topk, kv_fp8=kv_fp8).metadata_kwargs())
     ws_out, ws_lse = md.workspace_for(rows)
-    plan = plan_flashmla(rows, heads, topk, ws_out.shape[1], kv_fp8=kv_fp8)
-    if torch.cuda.get_device_capability() == (9, 0) and plan.kernel in ("wgmma_rr", "wgmma_ws"):
-        assert plan.main.cluster == 2 and plan.combine is None, f"[flashmla {heads}x{rows} fp8={kv_fp8}] {plan.main!r}"
+    if torch.cuda.get_device_capability() == (9, 0):
+        expect(plan_flashmla(rows, heads, topk, ws_out.shape[1], kv_fp8=kv_fp8))
 
     fmt = current_platform().fp8_dtype
 

@@ -97,7 +97,15 @@ _WGMMA_FP8_TILE = {**_WGMMA_TILE, "KV_FP8": 1, "cluster_merge": 1, "cluster_min_
 # Where a launch takes two splits (64 heads x ~44-66 rows, 128 heads x ~22-33), they run as a
 # thread-block cluster and merge in the kernel (cluster_merge: graphattn.kernels.wgmma_rr's
 # CLUSTER=2), with no f32 partial of the other half and no combine launch.
-_WGMMA_RR_TILE = {**_WGMMA_TILE, "kernel": "wgmma_rr", "BLOCK_N": 128, "cluster_merge": 1}
+# From idx_early_min_heads heads (two head blocks share each token) a one-split launch's
+# producer takes its indices off its path (idx_early, a host key: graphattn.kernels.wgmma_rr's
+# IDX_EARLY=1: the split's indices asked of L2 first, each round's loaded a round ahead; Nsight
+# Compute had the producer waiting on them about as long as on free halves). A/B on the H200
+# (us, docs/benchmarks.md, session 8): 128 x 64 71.22 -> 68.97, 128 x 512 539.71 -> 535.95,
+# 128 x 64 x topk 8192 256.12 -> 250.57; at 64 heads not faster (64 x 512 326.18 -> 327.59,
+# 64 x 8 16.33 -> 16.37), and not measured with splits, so it stays off there.
+_WGMMA_RR_TILE = {**_WGMMA_TILE, "kernel": "wgmma_rr", "BLOCK_N": 128, "cluster_merge": 1,
+                  "idx_early_min_heads": 65}
 WGMMA_RR_MIN_PROGRAMS = 48  # 48 (64 x 3) measured faster with rr, 32 slower; between, untested
 # At most TN_MAX_HEADS heads flashmla runs the tokens-major Gluon kernel instead
 # (graphattn.kernels.wgmma_tn: tokens on the wgmma's M side, 16 or 32 heads on N, so few heads

@@ -74,7 +74,7 @@ def _configs(path: str, target: str, kv_fp8: bool = False) -> list[dict[str, Any
 # the config would be compiled as a runtime argument).
 _FIXED = {"D_NOPE": 512, "D_ROPE": 64, "DOT_F32": False, "DIRECT": False, "BLOCK_S": 32, "KV_FP8": 0,
           "PDL": 0, "LAUNCH_DEPENDENTS": 0, "CLUSTER": 0, "PARTIAL_NATIVE": 0, "PARTIAL_16": 0, "RING": 0,
-          **LOOP_DEFAULTS}
+          "IDX_EARLY": 0, **LOOP_DEFAULTS}
 
 
 def fp8_code(target: str) -> int:
@@ -125,6 +125,8 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
                         variants.append(("bf16", {**kv, "CLUSTER": 2}))  # two splits merged by a cluster
                     if "PARTIAL_NATIVE" in names and cfg.get("partial_native"):  # partials in the accumulator's order
                         variants.append(("bf16", {**kv, "PARTIAL_NATIVE": cfg["partial_native"]}))
+                    if "IDX_EARLY" in names and cfg.get("idx_early_min_heads") and not kv:  # one split, many heads
+                        variants += [(dtype, {"DIRECT": True, "IDX_EARLY": 1}) for dtype in ("bf16", "fp16")]
                 if "RING" in names and kv and cfg.get("fp8_ring"):  # FP8 tokens through a ring of raw slots
                     ring = {**kv, "RING": cfg["fp8_ring"]}
                     variants += [("bf16", ring), ("fp16", ring), ("bf16", {**ring, "DIRECT": True})]

@@ -119,6 +119,9 @@ NATIVE_HEADS = 16  # the rows of one warp of a wgmma accumulator
 # the launch setting says ``fp8_ring`` (the slots) and a split has at most ``ring_max_tiles``
 # KV tiles (sm_90: wgmma_tn, three slots at 16 heads and two at 32).
 RING_KERNELS = ("wgmma_tn",)
+# Kernels whose producer can take its index loads off its path (IDX_EARLY), where the launch
+# setting says ``idx_early_min_heads`` and a launch of that many heads has one split.
+IDX_EARLY_KERNELS = ("wgmma_rr",)
 NATIVE_COMBINE = ("wgmma_ws", "_flashmla_combine_native_kernel")  # Gluon, beside the store it reads
 
 
@@ -182,6 +185,9 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
         meta["KV_FP8"] = kv_fp8_constexpr(platform, kv_fp8)
     if cfg.get("fp8_ring") and name in RING_KERNELS and cdiv(split_len, meta["BLOCK_N"]) <= cfg["ring_max_tiles"]:
         meta["RING"] = cfg["fp8_ring"]
+    if cfg.get("idx_early_min_heads") and name in IDX_EARLY_KERNELS and splits == 1 \
+            and heads >= cfg["idx_early_min_heads"]:
+        meta["IDX_EARLY"] = 1  # the producer's index loads off its path
     head_blocks = cdiv(heads, meta["BLOCK_H"])
     ctas = rows * splits * head_blocks
     if (splits == 2 and cfg.get("cluster_merge") and name in CLUSTER_MERGE_KERNELS

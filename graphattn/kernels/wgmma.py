@@ -92,6 +92,20 @@ def _load_indices(idx_row_ptr, n0, end, BLOCK_N: gl.constexpr, layout: gl.conste
 
 
 @gluon.jit
+def _prefetch_indices_l2(idx_row_ptr, start, end, THREADS: gl.constexpr = 128):
+    """Ask L2 for a row's indices ``[start, end)`` (``prefetch.global.L2``, one 128-byte line a
+    thread, ``THREADS`` threads): the gather's index loads of later tiles then hit L2 instead of
+    waiting on memory on the producer's path."""
+    LINE: gl.constexpr = 32  # int32 indices a 128-byte line
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [THREADS // 32], [0])
+    for off in range(start, end, THREADS * LINE):
+        cols = off + gl.arange(0, THREADS, layout=layout) * LINE
+        gl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+            "=r,l,r", [idx_row_ptr + cols, (cols < end).to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _load_q(q_ptr, stride_qr, stride_qh, row, hb, H, q_nope, q_rope,
             BLOCK_H: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
             gather_n: gl.constexpr, gather_r: gl.constexpr):

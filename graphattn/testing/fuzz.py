@@ -211,7 +211,9 @@ REGRESSION_SHAPES = (
     _regression(65, 200, 24, 5000, empty_rows=1),
     _regression(128, 150, 24, 70_000, kv_layout="row_stride", stride=640, invalid=0.5),
     # wgmma_rr in one split (the output stored through shared memory), less than a round of
-    # top-k; wgmma_tn at 13 of its 16 heads in 5 splits.
+    # top-k, at 64 heads and at 65 (two head blocks: its producer loads the indices early,
+    # IDX_EARLY); wgmma_tn at 13 of its 16 heads in 5 splits.
+    _regression(64, 100, 140, 5000, out_of_range=0.2),
     _regression(65, 100, 60, 5000, out_of_range=0.2),
     _regression(13, 300, 5, 300),
     # 656-byte FP8 tokens' two splits merged in a cluster (wgmma_ws, whose producer merges; 28
@@ -238,6 +240,9 @@ REGRESSION_SHAPES = (
     _regression(13, 300, 5, 5000, out_of_range=0.2, kv_dtype=KV_FP8),
     _regression(16, 250, 150, 5000, empty_rows=1, kv_dtype=KV_FP8),
     _regression(20, 2000, 2, 5000, empty_rows=1, kv_dtype=KV_FP8),
+    # wgmma_rr's producer loading its indices a round ahead (IDX_EARLY: one split, two head
+    # blocks): 100 heads, 8 rounds the last part-filled, indices past the pool, an all-invalid row.
+    _regression(100, 1000, 70, 70_000, out_of_range=0.2, empty_rows=1),
 )
 
 
@@ -331,8 +336,9 @@ def poisoned_empty() -> Iterator[None]:
 def kernel_label(case: FuzzCase, q: torch.Tensor, kv: torch.Tensor, platform=None) -> str:
     """Which kernel a flashmla case runs (a Gluon kernel's key such as ``wgmma_rr``, with
     ``+cluster`` where its two splits merge in a thread-block cluster, ``+native`` where its
-    partials go to the combine in the accumulator's order and ``+ring`` where FP8 tokens go
-    through a ring of raw slots, ``triton_kv_major``, ``triton``); the
+    partials go to the combine in the accumulator's order, ``+ring`` where FP8 tokens go
+    through a ring of raw slots and ``+early`` where its producer loads the indices early,
+    ``triton_kv_major``, ``triton``); the
     backend name for the others. ``platform``: whose launch table (default the current one)."""
     if case.backend != "flashmla":
         return case.backend
@@ -343,7 +349,8 @@ def kernel_label(case: FuzzCase, q: torch.Tensor, kv: torch.Tensor, platform=Non
     plan = plan_flashmla(q.shape[0], q.shape[1], case.topk, 64, aligned_16(q, kv), is_fp8_kv(kv), platform)
     return (plan.kernel + ("+cluster" if plan.main.cluster > 1 else "")
             + ("+native" if plan.main.kwargs.get("PARTIAL_NATIVE") else "")
-            + ("+ring" if plan.main.kwargs.get("RING") else ""))
+            + ("+ring" if plan.main.kwargs.get("RING") else "")
+            + ("+early" if plan.main.kwargs.get("IDX_EARLY") else ""))
 
 
 def run_case(case: FuzzCase, device: torch.device | None = None, sm_scale: float = D_QK**-0.5) -> CaseResult:
