@@ -42,8 +42,11 @@ BEFORE = [
 AFTER = [
     ("    if WG == 0:\n        _load_q_first(q_ptr, stride_qr, stride_qh, row, hb, H, q_nope, q_rope, q_ready, "
      "BLOCK_H, D_NOPE, D_ROPE)\n", "        _probe(ws_out_ptr, out_ptr, DIRECT, 21)\n"),
-    ("        _gather_half(kv_ptr, rows1, valid1, k_nope.index(1), k_rope.index(1), ready.index(2), free.index(2), ph,\n"
-     "                     0, D_NOPE, D_ROPE)\n", "        if r == 0:\n            _probe(ws_out_ptr, out_ptr, DIRECT, 22)\n"),
+    ("            _gather_half(kv_ptr, rows1, valid1, k_nope.index(1), k_rope.index(1), ready.index(2), free.index(2),"
+     " ph,\n                         0, D_NOPE, D_ROPE)\n", "            if r == 0:\n                _probe(ws_out_ptr, out_ptr, DIRECT, 22)\n"),
+    ("            _gather_half_idx(kv_ptr, cur1, pool, stride_kv, k_nope.index(1), k_rope.index(1), ready.index(2),\n"
+     "                             free.index(2), ph, 0, D_NOPE, D_ROPE)\n",
+     "            if r == 0:\n                _probe(ws_out_ptr, out_ptr, DIRECT, 22)\n"),  # IDX_EARLY
     ("    mbarrier.wait(q_ready, 0)\n", "    _probe(ws_out_ptr, out_ptr, DIRECT, WG * 10 + 1)\n"),
     ("            mbarrier.arrive(free.index(2))  # k1 L\n",
      "            if r == 0:\n                _probe(ws_out_ptr, out_ptr, DIRECT, 2)\n"),
