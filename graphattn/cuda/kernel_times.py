@@ -20,7 +20,9 @@ at 1956748 (those partials in q's dtype). Both columns' rows that store partials
 were measured again on 2026-12-01 (session 6) at 1fef9ea, where a partly-masked head block stores
 them compact (32 x 8, FP8 32 x 1 and 32 x 8 changed path; the others' code changed only in the
 store's offsets). FP8 16 x 1, 16 x 8, 32 x 1 and 32 x 8 are from the A/Bs of 2026-12-01 (session 7)
-at d59f8a5, where those shapes run ``wgmma_tn``'s ring of raw FP8 slots.
+at d59f8a5, where those shapes run ``wgmma_tn``'s ring of raw FP8 slots. bf16 128 x 64, 128 x 512
+and 128 x 64 x topk 8192 are from the A/B of 2026-12-02 (session 8) of wgmma_rr's ``IDX_EARLY``
+(the producer's index loads off its path; landed at f1cc3de).
 """
 
 from __future__ import annotations
@@ -40,11 +42,11 @@ H200_US: dict[tuple[int, int, int], dict[str, float]] = {
     (64, 512, 2048): {"flashmla": 319.7, "trtllm": 855.1, "mega": 855.1},
     (128, 1, 2048): {"flashmla": 10.5, "trtllm": 39.0, "mega": 145.0},
     (128, 8, 2048): {"flashmla": 18.9, "trtllm": 63.5, "mega": 145.7},
-    (128, 64, 2048): {"flashmla": 71.1, "trtllm": 217.5, "mega": 216.8},
-    (128, 512, 2048): {"flashmla": 540.3, "trtllm": 1736.9, "mega": 1726.0},
+    (128, 64, 2048): {"flashmla": 69.0, "trtllm": 217.5, "mega": 216.8},
+    (128, 512, 2048): {"flashmla": 536.0, "trtllm": 1736.9, "mega": 1726.0},
     (16, 64, 8192): {"flashmla": 148.1, "trtllm": 209.0, "mega": 464.8},
     (64, 64, 8192): {"flashmla": 159.2, "trtllm": 429.2, "mega": 575.1},
-    (128, 64, 8192): {"flashmla": 255.7, "trtllm": 837.0, "mega": 834.6},
+    (128, 64, 8192): {"flashmla": 250.6, "trtllm": 837.0, "mega": 834.6},
     (16, 8, 32768): {"flashmla": 80.3, "trtllm": 232.5, "mega": 1820.0},
     (64, 8, 32768): {"flashmla": 87.0, "trtllm": 300.2, "mega": 2253.7},
     (128, 8, 32768): {"flashmla": 132.1, "trtllm": 676.7, "mega": 2244.9},
