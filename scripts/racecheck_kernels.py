@@ -20,9 +20,10 @@ from graphattn.kernels.flashmla import plan_flashmla
 POOL = 4096
 WS_SPLITS = 64
 # (kernel, FP8 tokens, rows, heads, topk): each kernel in one split and in several on an H200;
-# wgmma_tn with FP8 tokens through its ring of raw slots (a few tiles a split) and without.
+# wgmma_tn with FP8 tokens through its ring of raw slots (a few tiles a split) and without;
+# wgmma_rr also with its producer loading the indices early (IDX_EARLY: one split, > 64 heads).
 CASES = [
-    ("wgmma_rr", False, 150, 64, 256), ("wgmma_rr", False, 8, 128, 2048),
+    ("wgmma_rr", False, 150, 64, 256), ("wgmma_rr", False, 8, 128, 2048), ("wgmma_rr", False, 70, 100, 300),
     ("wgmma_ws", False, 40, 64, 64), ("wgmma_ws", False, 3, 64, 512),
     ("wgmma_tn", False, 200, 16, 256), ("wgmma_tn", False, 8, 16, 512),
     ("wgmma_ws", True, 150, 64, 256), ("wgmma_ws", True, 8, 64, 512),

@@ -229,7 +229,7 @@ def test_racecheck_triage_knows_each_mbarrier_hand_off_and_fails_on_a_new_one(tm
 def test_racecheck_kernels_plan_each_gluon_kernel_on_sm90():
     """scripts/racecheck_kernels.py's cases plan, on an H200, the kernel each names, in one split
     and in several, with bf16 kv and FP8 tokens (wgmma_tn's with its ring and without): so the
-    racecheck run covers every Gluon kernel."""
+    racecheck run covers every Gluon kernel (and wgmma_rr's early index loads)."""
     from graphattn.common.platform import DeviceFacts
     from graphattn.cuda.configs import gluon_available
     from graphattn.cuda.platform import CudaPlatform
@@ -238,15 +238,17 @@ def test_racecheck_kernels_plan_each_gluon_kernel_on_sm90():
         pytest.skip("this triton has no Gluon Hopper dialect: sm_90 plans no Gluon kernel")
     launches = _load("racecheck_kernels")
     h200 = CudaPlatform(DeviceFacts("nvidia", "H200", 132, capability=(9, 0)), device="cuda:0")
-    seen = set()
+    seen, early = set(), False
     for case in launches.CASES:
         plan = launches.plan_of(case, h200)
         assert plan.kernel == case[0] and not plan.main.kwargs.get("CLUSTER"), (case, plan.main)
         seen.add((case[0], case[1], plan.splits > 1, bool(plan.main.kwargs.get("RING"))))
+        early = early or bool(plan.main.kwargs.get("IDX_EARLY"))
     want = {(k, fp8, split, False) for k in ("wgmma_rr", "wgmma_ws", "wgmma_tn") for fp8 in (False, True)
             for split in (False, True)} - {("wgmma_rr", True, False, False), ("wgmma_rr", True, True, False)}
     want |= {("wgmma_tn", True, split, True) for split in (False, True)}  # FP8 runs no rr; tn's ring
     assert seen == want, sorted(seen ^ want)
+    assert early, "no case runs wgmma_rr with IDX_EARLY"
 
 
 def test_racecheck_triage_does_not_pass_an_access_without_a_source_line(tmp_path):

@@ -98,9 +98,10 @@ _WGMMA_FP8_TILE = {**_WGMMA_TILE, "KV_FP8": 1, "cluster_merge": 1, "cluster_min_
 # thread-block cluster and merge in the kernel (cluster_merge: graphattn.kernels.wgmma_rr's
 # CLUSTER=2), with no f32 partial of the other half and no combine launch.
 # From idx_early_min_heads heads (two head blocks share each token) a one-split launch's
-# producer takes its indices off its path (idx_early, a host key: graphattn.kernels.wgmma_rr's
-# IDX_EARLY=1: the split's indices asked of L2 first, each round's loaded a round ahead; Nsight
-# Compute had the producer waiting on them about as long as on free halves). A/B on the H200
+# producer takes its indices off its path (idx_early_min_heads is a host key; the plan sets
+# graphattn.kernels.wgmma_rr's IDX_EARLY=1: the split's indices asked of L2 first, each round's
+# loaded a round ahead; Nsight Compute had the producer waiting on them about as long as on free
+# halves). A/B on the H200
 # (us, docs/benchmarks.md, session 8): 128 x 64 71.22 -> 68.97, 128 x 512 539.71 -> 535.95,
 # 128 x 64 x topk 8192 256.12 -> 250.57; at 64 heads not faster (64 x 512 326.18 -> 327.59,
 # 64 x 8 16.33 -> 16.37), and not measured with splits, so it stays off there.
