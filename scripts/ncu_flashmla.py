@@ -10,12 +10,10 @@ profiled kernel, so it reads the KV from HBM as the table's method does.
 from __future__ import annotations
 
 import argparse
-import math
 
 import torch
 
 from graphattn.bench import kernels as kb
-from graphattn.common.kv_layout import TOKEN_BYTES
 
 
 def main() -> None:
@@ -25,9 +23,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=8, help="eager calls (the first few compile and warm up)")
     args = ap.parse_args()
     heads, rows, topk = (int(x) for x in args.shape.split("x"))
-    token_bytes = TOKEN_BYTES if args.kv_fp8 else 1152
-    copies = max(2, min(64, math.ceil(kb.COLD_BYTES / (rows * topk * token_bytes))))
-    sets = kb.make_copies(rows, heads, topk, copies, kv_fp8=args.kv_fp8)
+    sets = kb.make_copies(rows, heads, topk, kb.cold_copies(rows, topk, args.kv_fp8), kv_fp8=args.kv_fp8)
     fn = kb.path_fn("flashmla", rows, heads, topk)
     for i in range(args.calls):
         fn(sets[i % len(sets)])

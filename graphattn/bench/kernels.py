@@ -50,6 +50,13 @@ def roofline(rows: int, heads: int, topk: int, kv_fp8: bool = False) -> tuple[fl
     return nbytes, flops, max(nbytes / H200_BYTES_PER_S, flops / H200_FLOP_PER_S)
 
 
+def cold_copies(rows: int, topk: int, kv_fp8: bool = False) -> int:
+    """Input copies a graph cycles so that their KV (``rows * topk`` tokens each, 656 or 1152
+    bytes) adds up to at least ``COLD_BYTES``: 2 to 64."""
+    token_bytes = TOKEN_BYTES if kv_fp8 else 1152
+    return max(2, min(64, math.ceil(COLD_BYTES / (rows * topk * token_bytes))))
+
+
 def make_copies(rows: int, heads: int, topk: int, copies: int, device="cuda", kv_fp8: bool = False,
                 pool_tokens: int | None = None, rows_per_pool: int | None = None) -> list[dict]:
     """``copies`` input sets; row ``r`` of copy ``c`` reads its own shuffled token block
@@ -153,8 +160,7 @@ def measure(heads: int, rows: int, topk: int, paths=PATHS, kv_fp8: bool = False,
     ``rows_per_pool``: the rows' top-k drawn from shared pools, two input sets, see
     ``make_copies``)."""
     nbytes, flops, floor = roofline(rows, heads, topk, kv_fp8)
-    token_bytes = TOKEN_BYTES if kv_fp8 else 1152
-    copies = 2 if pool_tokens else max(2, min(64, math.ceil(COLD_BYTES / (rows * topk * token_bytes))))
+    copies = 2 if pool_tokens else cold_copies(rows, topk, kv_fp8)
     sets = make_copies(rows, heads, topk, copies, kv_fp8=kv_fp8, pool_tokens=pool_tokens,
                        rows_per_pool=rows_per_pool)
     reps = max(copies, min(200, math.ceil(2e-3 / max(floor, 1e-6))))
