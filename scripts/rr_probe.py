@@ -7,8 +7,9 @@ the instrumented copy of the kernel is built from the current ``graphattn/kernel
 at run time.
 
 Run from the repository root on an sm_90 GPU:
-``PYTHONPATH=. python scripts/rr_probe.py 128x64x2048 64x64x2048`` (heads x rows x topk, shapes
-where the launch table picks wgmma_rr)."""
+``PYTHONPATH=. python scripts/rr_probe.py [--by-program] 128x64x2048 64x64x2048`` (heads x rows x
+topk, shapes where the launch table picks wgmma_rr); ``--by-program`` adds the fastest and slowest
+programs with their SM (``%smid``) and start, by groups of SMs."""
 import dataclasses
 import math
 import os
@@ -29,6 +30,9 @@ def _probe(ws_out_ptr, out_ptr, DIRECT: gl.constexpr, k: gl.constexpr):
     c = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
     gl.store(p + k, g)
     gl.store(p + 32 + k, c)
+    if k == 20:  # the producer's start: which SM the program runs on (slot 31)
+        sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        gl.store(p + 31, sm.to(gl.int64))
 
 '''
 # (a line of wgmma_rr.py, the probe put before it) then (a line, the probe put after it); the
@@ -66,7 +70,7 @@ def instrumented_source() -> str:
     return instrument(KERNEL, "_gather_half", PROBE, BEFORE, AFTER)
 
 
-def main(specs):
+def main(specs, by_program=False):
     import torch
 
     load_module(instrumented_source(), "rrprobe")
@@ -82,6 +86,10 @@ def main(specs):
         ws_out, ws_lse = md.workspace_for(r)
         plan = flashmla.plan_flashmla(r, h, t, ws_out.shape[1])
         assert plan.kernel == "wgmma_rr", f"{spec} runs {plan.kernel}, not wgmma_rr"
+        if plan.main.cluster > 1:  # its CTAs write out and exchange partials through the workspace
+            print(f"== {spec}: skipped, a launch of clusters ({plan.splits} splits merged in the kernel) "
+                  "leaves no buffer for the stamps")
+            continue
         if plan.splits == 1:  # the stamps' room: a workspace the launch leaves alone
             ws_out = torch.zeros(r, 1, h, 512, device="cuda")
             ws_lse = torch.empty(r, 1, h, device="cuda")
@@ -98,7 +106,32 @@ def main(specs):
         p = stamps.reshape(-1).view(torch.int64)[: progs * 64].view(progs, 64).cpu().double()
         print(f"== {spec}: {progs} programs, {plan.splits} split(s), {plan.main.grid}")
         report(p[:, :32], p[:, 32:], NAMES, 20, [5, 15])
+        if by_program:
+            by_sm(p, plan.head_blocks)
+
+
+def by_sm(p, head_blocks: int) -> None:
+    """Whether the programs' spread in finishing follows where or when they started: the
+    fastest and slowest programs (c1 stored, from the first program's start) with their SM,
+    head block and start, and the correlation of the finish with the start."""
+    import torch
+
+    g0 = p[:, 20].min()
+    start, end = (p[:, 20] - g0) / 1e3, (p[:, 15] - g0) / 1e3
+    order = torch.argsort(end)
+    print(f"  finish vs start: correlation {torch.corrcoef(torch.stack([start, end]))[0, 1]:.2f}; "
+          f"duration (stored - start) min {(end - start).min():.2f} max {(end - start).max():.2f}")
+    for name, sel in (("fastest", order[:6]), ("slowest", order[-6:])):
+        print(f"  {name}: " + ", ".join(f"pid {int(i)} sm {int(p[i, 31])} hb {int(i) % head_blocks} "
+                                        f"start {start[i]:.2f} end {end[i]:.2f}" for i in sel))
+    sm = p[:, 31].long()
+    for lo in range(0, int(sm.max()) + 1, 16):  # SMs in groups of 16 (consecutive ids)
+        sel = (sm >= lo) & (sm < lo + 16)
+        if sel.any():
+            print(f"  SMs {lo}-{lo + 15}: {int(sel.sum())} programs, end median {end[sel].median():.2f} "
+                  f"max {end[sel].max():.2f}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    args = [a for a in sys.argv[1:] if a != "--by-program"]
+    main(args, by_program=len(args) < len(sys.argv) - 1)
