@@ -538,7 +538,11 @@ def test_sm90_fp8_ring_where_a_split_has_few_tiles(monkeypatch, rows, heads, top
     (64, 128, 8192, False, "wgmma_rr", 1),
     (257, 100, 2077, False, "wgmma_rr", 1),  # a partly-masked second head block
     (512, 64, 2048, False, "wgmma_rr", 0),  # one head block: measured no faster
-    (8, 128, 2048, False, "wgmma_rr", 0),  # splits: not measured
+    (8, 64, 2048, False, "wgmma_rr", 0),
+    (8, 128, 2048, False, "wgmma_rr", 1),  # in splits, the partials in the accumulator's order
+    (8, 128, 32768, False, "wgmma_rr", 1),
+    (2, 128, 2048, False, "wgmma_rr", 1),
+    (8, 100, 2048, False, "wgmma_rr", 1),  # in splits, head-major partials
     (24, 128, 2048, False, "wgmma_rr", 0),  # two splits merged in a cluster
     (64, 128, 2048, True, "wgmma_ws", 0),  # FP8 tokens: another kernel
 ])
@@ -546,11 +550,11 @@ def test_sm90_rr_takes_its_index_loads_off_the_producers_path(monkeypatch, rows,
                                                               early):
     """wgmma_rr's producer loads its indices early (``IDX_EARLY``: the split's indices asked of
     L2, each round's a round ahead) where the launch setting's ``idx_early_min_heads`` says and
-    the launch has one split, as measured on the H200; nowhere else."""
+    the launch is no cluster merge, as measured on the H200; nowhere else."""
     cuda_configs, plan, where = _h200_plan_running(monkeypatch, rows, heads, topk, kv_fp8, kernel)
     assert plan.main.kwargs.get("IDX_EARLY", 0) == early, where
     if early:
-        assert plan.splits == 1 and heads >= cuda_configs._WGMMA_RR_TILE["idx_early_min_heads"], where
+        assert plan.main.cluster == 1 and heads >= cuda_configs._WGMMA_RR_TILE["idx_early_min_heads"], where
 
 
 @pytest.mark.parametrize("rows,heads,kv_fp8,override,native", [

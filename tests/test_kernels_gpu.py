@@ -213,14 +213,18 @@ def test_flashmla_cluster_merge_replays_in_a_graph(heads, rows, topk, dtype, kv_
 
 @pytest.mark.parametrize("heads,rows,topk,dtype", [
     (128, 70, 1000, torch.bfloat16), (100, 70, 1000, torch.float16), (128, 140, 2077, torch.bfloat16),
+    (128, 6, 400, torch.bfloat16), (100, 5, 700, torch.float16),  # in splits
 ])
 def test_flashmla_rr_early_indices_replay_in_a_graph(heads, rows, topk, dtype):
-    """wgmma_rr with its producer loading the indices early (``IDX_EARLY``: one split, more than
-    64 heads): the last round part-filled, 10% of the indices -1, a captured call replays with
-    fresh inputs exactly as an eager call runs and matches the float64 reference."""
+    """wgmma_rr with its producer loading the indices early (``IDX_EARLY``: more than 64 heads,
+    one split or several through the combine): the last round part-filled, 10% of the indices
+    -1, a captured call replays with fresh inputs exactly as an eager call runs and matches the
+    float64 reference."""
     def expect(plan):
         if plan.kernel == "wgmma_rr":
-            assert plan.main.kwargs.get("IDX_EARLY") == 1 and plan.splits == 1, f"[flashmla {heads}x{rows}] {plan.main!r}"
+            assert plan.main.kwargs.get("IDX_EARLY") == 1 and plan.main.cluster == 1, \
+                f"[flashmla {heads}x{rows}] {plan.main!r}"
+            assert (plan.splits > 1) == (rows < 64), f"[flashmla {heads}x{rows}] {plan.main!r}"
 
     _check_graph_replays(heads, rows, topk, dtype, False, expect)
 

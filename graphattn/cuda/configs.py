@@ -104,7 +104,8 @@ _WGMMA_FP8_TILE = {**_WGMMA_TILE, "KV_FP8": 1, "cluster_merge": 1, "cluster_min_
 # halves). A/B on the H200
 # (us, docs/benchmarks.md, session 8): 128 x 64 71.22 -> 68.97, 128 x 512 539.71 -> 535.95,
 # 128 x 64 x topk 8192 256.12 -> 250.57; at 64 heads not faster (64 x 512 326.18 -> 327.59,
-# 64 x 8 16.33 -> 16.37), and not measured with splits, so it stays off there.
+# 64 x 8 16.33 -> 16.37). In splits through the combine (session 9): 128 x 8 x topk 32768
+# 136.11 -> 134.66, 128 x 8 18.20 -> 18.17, 128 x 4 14.74 -> 14.69; a cluster merge gets none.
 _WGMMA_RR_TILE = {**_WGMMA_TILE, "kernel": "wgmma_rr", "BLOCK_N": 128, "cluster_merge": 1,
                   "idx_early_min_heads": 65}
 WGMMA_RR_MIN_PROGRAMS = 48  # 48 (64 x 3) measured faster with rr, 32 slower; between, untested

@@ -125,8 +125,11 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
                         variants.append(("bf16", {**kv, "CLUSTER": 2}))  # two splits merged by a cluster
                     if "PARTIAL_NATIVE" in names and cfg.get("partial_native"):  # partials in the accumulator's order
                         variants.append(("bf16", {**kv, "PARTIAL_NATIVE": cfg["partial_native"]}))
-                    if "IDX_EARLY" in names and cfg.get("idx_early_min_heads") and not kv:  # one split, many heads
+                    if "IDX_EARLY" in names and cfg.get("idx_early_min_heads") and not kv:  # many heads
                         variants += [(dtype, {"DIRECT": True, "IDX_EARLY": 1}) for dtype in ("bf16", "fp16")]
+                        variants.append(("bf16", {"IDX_EARLY": 1}))  # in splits (head-major partials)
+                        if cfg.get("partial_native"):
+                            variants.append(("bf16", {"PARTIAL_NATIVE": cfg["partial_native"], "IDX_EARLY": 1}))
                 if "RING" in names and kv and cfg.get("fp8_ring"):  # FP8 tokens through a ring of raw slots
                     ring = {**kv, "RING": cfg["fp8_ring"]}
                     variants += [("bf16", ring), ("fp16", ring), ("bf16", {**ring, "DIRECT": True})]

@@ -221,7 +221,8 @@ REGRESSION_SHAPES = (
     # block and an all-invalid row.
     _regression(65, 200, 28, 5000, empty_rows=1, kv_dtype=KV_FP8),
     # Split partials stored in the accumulator's order and merged by the Gluon combine (whole
-    # 64-head blocks): wgmma_rr in 4 splits with indices past the pool; wgmma_ws at one row in
+    # 64-head blocks): wgmma_rr in 4 splits with indices past the pool (its producer loading the
+    # indices early, IDX_EARLY, as at every 65+ heads outside a cluster); wgmma_ws at one row in
     # 5 splits, its combine a programmatic dependent launch; FP8 tokens (wgmma_ws) in 5 splits
     # with an all-invalid row.
     _regression(128, 400, 6, 5000, out_of_range=0.2),
@@ -240,9 +241,11 @@ REGRESSION_SHAPES = (
     _regression(13, 300, 5, 5000, out_of_range=0.2, kv_dtype=KV_FP8),
     _regression(16, 250, 150, 5000, empty_rows=1, kv_dtype=KV_FP8),
     _regression(20, 2000, 2, 5000, empty_rows=1, kv_dtype=KV_FP8),
-    # wgmma_rr's producer loading its indices a round ahead (IDX_EARLY: one split, two head
-    # blocks): 100 heads, 8 rounds the last part-filled, indices past the pool, an all-invalid row.
+    # wgmma_rr's producer loading its indices a round ahead (IDX_EARLY: two head blocks): 100
+    # heads in one split, 8 rounds the last part-filled, indices past the pool, an all-invalid
+    # row; the same in 6 splits (head-major partials: 100 heads is no multiple of 16).
     _regression(100, 1000, 70, 70_000, out_of_range=0.2, empty_rows=1),
+    _regression(100, 700, 5, 70_000, out_of_range=0.2, empty_rows=1),
 )
 
 
