@@ -97,8 +97,8 @@ _WGMMA_FP8_TILE = {**_WGMMA_TILE, "KV_FP8": 1, "cluster_merge": 1, "cluster_min_
 # Where a launch takes two splits (64 heads x ~44-66 rows, 128 heads x ~22-33), they run as a
 # thread-block cluster and merge in the kernel (cluster_merge: graphattn.kernels.wgmma_rr's
 # CLUSTER=2), with no f32 partial of the other half and no combine launch.
-# From idx_early_min_heads heads (two head blocks share each token) a one-split launch's
-# producer takes its indices off its path (idx_early_min_heads is a host key; the plan sets
+# From idx_early_min_heads heads (two head blocks share each token) a launch's producer (no
+# cluster merge) takes its indices off its path (idx_early_min_heads is a host key; the plan sets
 # graphattn.kernels.wgmma_rr's IDX_EARLY=1: the split's indices asked of L2 first, each round's
 # loaded a round ahead; Nsight Compute had the producer waiting on them about as long as on free
 # halves). A/B on the H200
