@@ -22,36 +22,36 @@ them compact (32 x 8, FP8 32 x 1 and 32 x 8 changed path; the others' code chang
 store's offsets). FP8 16 x 1, 16 x 8, 32 x 1 and 32 x 8 are from the A/Bs of 2026-12-01 (session 7)
 at d59f8a5, where those shapes run ``wgmma_tn``'s ring of raw FP8 slots. bf16 128 x 64, 128 x 512
 and 128 x 64 x topk 8192 are from the A/B of 2026-12-02 (session 8) of wgmma_rr's ``IDX_EARLY``
-(the producer's index loads off its path; landed at f1cc3de); 128 x 8 and 128 x 8 x topk 32768
-from the A/Bs of 2026-12-03 (session 9) where that producer loads its indices early in splits too
-(abc3b2d; each on its own machine, whose other rows were not measured again).
+(the producer's index loads off its path; landed at f1cc3de). The whole bf16 flashmla column was
+measured again in one run on 2026-12-03 (session 9) at cb05bee (that producer loading its indices
+early in splits too), replacing those rows: within -1.0% to +4.1% of them.
 """
 
 from __future__ import annotations
 
 H200_US: dict[tuple[int, int, int], dict[str, float]] = {
-    (16, 1, 2048): {"flashmla": 9.0, "trtllm": 24.5, "mega": 115.7},
+    (16, 1, 2048): {"flashmla": 9.4, "trtllm": 24.5, "mega": 115.7},
     (16, 8, 2048): {"flashmla": 14.3, "trtllm": 26.7, "mega": 118.0},
-    (16, 64, 2048): {"flashmla": 46.4, "trtllm": 66.2, "mega": 122.3},
-    (16, 512, 2048): {"flashmla": 296.8, "trtllm": 334.0, "mega": 334.4},
-    (32, 1, 2048): {"flashmla": 9.6, "trtllm": 36.5, "mega": 145.3},
-    (32, 8, 2048): {"flashmla": 15.0, "trtllm": 39.4, "mega": 145.8},
-    (32, 64, 2048): {"flashmla": 52.5, "trtllm": 91.2, "mega": 148.7},
-    (32, 512, 2048): {"flashmla": 318.2, "trtllm": 434.7, "mega": 434.1},
+    (16, 64, 2048): {"flashmla": 47.1, "trtllm": 66.2, "mega": 122.3},
+    (16, 512, 2048): {"flashmla": 302.4, "trtllm": 334.0, "mega": 334.4},
+    (32, 1, 2048): {"flashmla": 9.5, "trtllm": 36.5, "mega": 145.3},
+    (32, 8, 2048): {"flashmla": 15.1, "trtllm": 39.4, "mega": 145.8},
+    (32, 64, 2048): {"flashmla": 53.2, "trtllm": 91.2, "mega": 148.7},
+    (32, 512, 2048): {"flashmla": 325.1, "trtllm": 434.7, "mega": 434.1},
     (64, 1, 2048): {"flashmla": 10.0, "trtllm": 37.7, "mega": 145.1},
-    (64, 8, 2048): {"flashmla": 16.4, "trtllm": 40.2, "mega": 146.1},
-    (64, 64, 2048): {"flashmla": 51.4, "trtllm": 120.8, "mega": 149.8},
-    (64, 512, 2048): {"flashmla": 319.7, "trtllm": 855.1, "mega": 855.1},
-    (128, 1, 2048): {"flashmla": 10.5, "trtllm": 39.0, "mega": 145.0},
-    (128, 8, 2048): {"flashmla": 18.2, "trtllm": 63.5, "mega": 145.7},
-    (128, 64, 2048): {"flashmla": 69.0, "trtllm": 217.5, "mega": 216.8},
-    (128, 512, 2048): {"flashmla": 536.0, "trtllm": 1736.9, "mega": 1726.0},
-    (16, 64, 8192): {"flashmla": 148.1, "trtllm": 209.0, "mega": 464.8},
-    (64, 64, 8192): {"flashmla": 159.2, "trtllm": 429.2, "mega": 575.1},
-    (128, 64, 8192): {"flashmla": 250.6, "trtllm": 837.0, "mega": 834.6},
-    (16, 8, 32768): {"flashmla": 80.3, "trtllm": 232.5, "mega": 1820.0},
-    (64, 8, 32768): {"flashmla": 87.0, "trtllm": 300.2, "mega": 2253.7},
-    (128, 8, 32768): {"flashmla": 129.1, "trtllm": 676.7, "mega": 2244.9},
+    (64, 8, 2048): {"flashmla": 16.3, "trtllm": 40.2, "mega": 146.1},
+    (64, 64, 2048): {"flashmla": 53.2, "trtllm": 120.8, "mega": 149.8},
+    (64, 512, 2048): {"flashmla": 325.2, "trtllm": 855.1, "mega": 855.1},
+    (128, 1, 2048): {"flashmla": 10.4, "trtllm": 39.0, "mega": 145.0},
+    (128, 8, 2048): {"flashmla": 18.9, "trtllm": 63.5, "mega": 145.7},
+    (128, 64, 2048): {"flashmla": 69.4, "trtllm": 217.5, "mega": 216.8},
+    (128, 512, 2048): {"flashmla": 531.7, "trtllm": 1736.9, "mega": 1726.0},
+    (16, 64, 8192): {"flashmla": 152.1, "trtllm": 209.0, "mega": 464.8},
+    (64, 64, 8192): {"flashmla": 163.1, "trtllm": 429.2, "mega": 575.1},
+    (128, 64, 8192): {"flashmla": 249.4, "trtllm": 837.0, "mega": 834.6},
+    (16, 8, 32768): {"flashmla": 81.9, "trtllm": 232.5, "mega": 1820.0},
+    (64, 8, 32768): {"flashmla": 88.3, "trtllm": 300.2, "mega": 2253.7},
+    (128, 8, 32768): {"flashmla": 131.6, "trtllm": 676.7, "mega": 2244.9},
 }
 
 H200_US_FP8: dict[tuple[int, int, int], dict[str, float]] = {
