@@ -9,7 +9,9 @@ at run time.
 Run from the repository root on an sm_90 GPU:
 ``PYTHONPATH=. python scripts/rr_probe.py [--by-program] 128x64x2048 64x64x2048`` (heads x rows x
 topk, shapes where the launch table picks wgmma_rr); ``--by-program`` adds the fastest and slowest
-programs with their SM (``%smid``) and start, by groups of SMs."""
+programs with their SM (``%smid``) and start, by groups of SMs; ``--spread`` launches a second time
+with the rows' index sets rolled and says whether a program's finish follows the program, its
+tokens or its SM."""
 import dataclasses
 import math
 import os
@@ -70,7 +72,10 @@ def instrumented_source() -> str:
     return instrument(KERNEL, "_gather_half", PROBE, BEFORE, AFTER)
 
 
-def main(specs, by_program=False):
+SHIFT = 17  # --spread: rows the second launch's index sets are rolled by
+
+
+def main(specs, by_program=False, spread=False):
     import torch
 
     load_module(instrumented_source(), "rrprobe")
@@ -97,17 +102,24 @@ def main(specs, by_program=False):
                                       ws_out, ws_lse)
         out = torch.zeros(r, h, 512, dtype=torch.bfloat16, device="cuda")
         lse = torch.empty(r, h, device="cuda")
-        for s in sets:
-            sets[0]["idx"].copy_(s["idx"])
-            call(s["q"], s["kv"], (out, lse))
-        torch.cuda.synchronize()
         progs = plan.main.grid[0]
         stamps = ws_out if plan.splits == 1 else out
-        p = stamps.reshape(-1).view(torch.int64)[: progs * 64].view(progs, 64).cpu().double()
+
+        def launch(shift):
+            idx = sets[0]["idx"]
+            for s in sets:
+                idx.copy_(s["idx"].roll(shift, 0) if shift else s["idx"])
+                call(s["q"], s["kv"], (out, lse))
+            torch.cuda.synchronize()
+            return stamps.reshape(-1).view(torch.int64)[: progs * 64].view(progs, 64).cpu().double()
+
+        p = launch(0)
         print(f"== {spec}: {progs} programs, {plan.splits} split(s), {plan.main.grid}")
         report(p[:, :32], p[:, 32:], NAMES, 20, [5, 15])
         if by_program:
             by_sm(p, plan.head_blocks)
+        if spread:
+            follows(p, launch(SHIFT % r), r)
 
 
 def by_sm(p, head_blocks: int) -> None:
@@ -132,6 +144,27 @@ def by_sm(p, head_blocks: int) -> None:
                   f"max {end[sel].max():.2f}")
 
 
+def follows(p1, p2, rows: int) -> None:
+    """What a program's finish follows: ``p2``'s launch read the index rows of ``p1``'s rolled by
+    ``SHIFT``, so its row ``r`` had the tokens of ``p1``'s row ``r - SHIFT``. Correlations of the
+    finish (c1 stored, from the launch's first start) with ``p1``'s for the same program, for
+    the program with the same tokens, and for the program that ran on the same SM."""
+    import torch
+
+    e1, e2 = ((p[:, 15] - p[:, 20].min()) / 1e3 for p in (p1, p2))
+    same_tokens = e1.view(rows, -1).roll(SHIFT % rows, 0).reshape(-1)
+    by_sm = {int(sm): float(e) for sm, e in zip(p1[:, 31], e1)}
+    on_sm = torch.tensor([by_sm.get(int(sm), float("nan")) for sm in p2[:, 31]], dtype=torch.float64)
+    ok = ~on_sm.isnan()
+
+    def corr(a, b):
+        return torch.corrcoef(torch.stack([a, b]))[0, 1].item()
+
+    print(f"  second launch, index rows rolled by {SHIFT % rows}: finish spread {e2.max() - e2.min():.2f} us; "
+          f"correlation with the first launch's for the same program {corr(e2, e1):.2f}, the same tokens "
+          f"{corr(e2, same_tokens):.2f}, the same SM {corr(e2[ok], on_sm[ok]):.2f} ({int(ok.sum())} programs)")
+
+
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--by-program"]
-    main(args, by_program=len(args) < len(sys.argv) - 1)
+    args = [a for a in sys.argv[1:] if a not in ("--by-program", "--spread")]
+    main(args, by_program="--by-program" in sys.argv, spread="--spread" in sys.argv)

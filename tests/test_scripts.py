@@ -37,6 +37,34 @@ def test_probe_hooks_every_milestone_once(name, call):
     assert set(probe.NAMES) <= slots, sorted(set(probe.NAMES) - slots)
 
 
+def test_rr_probe_tells_what_a_finish_follows(capsys):
+    """rr_probe --spread: when the finish times move with the rows' tokens, the "same tokens"
+    correlation is 1 and the "same program" one is not; the by-SM view reads ``%smid``'s slot
+    (31) and the first start (20)."""
+    import torch
+
+    probe = _load("rr_probe")
+    rows, hb = 40, 2
+    slow = torch.rand(rows, dtype=torch.float64) * 5  # a row's tokens' extra time, us
+    progs = rows * hb
+
+    def stamps(tokens_of_row, sms):
+        p = torch.zeros(progs, 64, dtype=torch.float64)
+        p[:, 20] = 1000.0
+        p[:, 15] = 1000.0 + 60e3 + 1e3 * slow[tokens_of_row].repeat_interleave(hb)
+        p[:, 31] = sms
+        return p
+
+    rows_ = torch.arange(rows)
+    p1 = stamps(rows_, torch.arange(progs))
+    p2 = stamps((rows_ - probe.SHIFT) % rows, torch.randperm(progs))  # the index rows rolled
+    probe.follows(p1, p2, rows)
+    line = capsys.readouterr().out
+    assert "the same tokens 1.00" in line and "the same program 1.00" not in line, line
+    probe.by_sm(p1, hb)
+    assert "SMs 0-15: 16 programs" in capsys.readouterr().out
+
+
 def test_flashmla_ab_variants_and_ptx_rewrite(monkeypatch):
     """flashmla_ab's variant strings become launch-table overrides, and its PTX rewrite gives
     every cp.async copy the L2 prefetch size, in a Triton cache folder of its own."""
