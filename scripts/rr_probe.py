@@ -122,14 +122,18 @@ def main(specs, by_program=False, spread=False):
             follows(p, launch(SHIFT % r), r)
 
 
+def _from_first_start(p, slot: int):
+    """Milestone ``slot``'s globaltimer stamps (ns), as µs from the launch's first program's start."""
+    return (p[:, slot] - p[:, 20].min()) / 1e3
+
+
 def by_sm(p, head_blocks: int) -> None:
     """Whether the programs' spread in finishing follows where or when they started: the
     fastest and slowest programs (c1 stored, from the first program's start) with their SM,
     head block and start, and the correlation of the finish with the start."""
     import torch
 
-    g0 = p[:, 20].min()
-    start, end = (p[:, 20] - g0) / 1e3, (p[:, 15] - g0) / 1e3
+    start, end = _from_first_start(p, 20), _from_first_start(p, 15)
     order = torch.argsort(end)
     print(f"  finish vs start: correlation {torch.corrcoef(torch.stack([start, end]))[0, 1]:.2f}; "
           f"duration (stored - start) min {(end - start).min():.2f} max {(end - start).max():.2f}")
@@ -151,10 +155,10 @@ def follows(p1, p2, rows: int) -> None:
     the program with the same tokens, and for the program that ran on the same SM."""
     import torch
 
-    e1, e2 = ((p[:, 15] - p[:, 20].min()) / 1e3 for p in (p1, p2))
+    e1, e2 = (_from_first_start(p, 15) for p in (p1, p2))
     same_tokens = e1.view(rows, -1).roll(SHIFT % rows, 0).reshape(-1)
-    by_sm = {int(sm): float(e) for sm, e in zip(p1[:, 31], e1)}
-    on_sm = torch.tensor([by_sm.get(int(sm), float("nan")) for sm in p2[:, 31]], dtype=torch.float64)
+    end_on_sm = {int(sm): float(e) for sm, e in zip(p1[:, 31], e1)}
+    on_sm = torch.tensor([end_on_sm.get(int(sm), float("nan")) for sm in p2[:, 31]], dtype=torch.float64)
     ok = ~on_sm.isnan()
 
     def corr(a, b):
