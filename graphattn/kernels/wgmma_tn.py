@@ -23,6 +23,15 @@ KV tiles by 16-byte ``cp.async`` into two slots) and FP8 dequantisation this ker
   (:func:`_consumer_ring`): half its dequantisation each, so a program's few tiles finish sooner;
   with many tiles the two slots' overlap (one consumer dequantising under the other's
   products) is faster.
+* **FP8 bytes as A registers** (``REG_A``, 16 heads; an experiment no plan selects: it computes
+  with the exact FP8 values, not the cache dequantised into q's dtype that the FP8 contract and
+  the tests define; docs/benchmarks.md, tenth session): no bf16 tile at all. The producer fills a ring of four raw slots; each consumer
+  owns its tiles (``t % 2``) and loads their FP8 bytes from the slot straight into the wgmma's
+  A operand registers, converted there (:func:`_consumer_rega`): ``S^T`` as four sums, one per
+  128-value scale block, joined with the tokens' scales; ``O^T`` per 64 output rows, each M tile
+  inside one scale block, with ``P^T`` times that block's scale as B. Both products permute
+  their K or M order so a thread's bytes are whole 16- and 4-byte words (q's columns and the
+  output rows permuted to match). Nothing is dequantised through shared memory.
 
 Outputs and conventions are those of ``_flashmla_split_kernel`` (graphattn.kernels.flashmla): a
 normalised partial (or the final ``out``/``lse`` with ``DIRECT``), scores in base 2, an index
@@ -286,7 +295,7 @@ def _flashmla_tn_kernel(
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     STAGES: gl.constexpr, DIRECT: gl.constexpr, KV_FP8: gl.constexpr = 0, LAUNCH_DEPENDENTS: gl.constexpr = 0,
-    RING: gl.constexpr = 0,
+    RING: gl.constexpr = 0, REG_A: gl.constexpr = 0,
 ):
     """Arguments, grid and outputs as ``_flashmla_split_kernel`` (graphattn.kernels.flashmla)
     with ``BLOCK_H`` 16 or 32; launch with ``num_warps=4`` and ``maxnreg=168`` (12 warps run:
@@ -300,12 +309,19 @@ def _flashmla_tn_kernel(
     gl.static_assert((KV_FP8 == 0) | (KV_FP8 == 1), "sm_90 FP8 tokens are e4m3fn")
     gl.static_assert((KV_FP8 == 0) | (D_NOPE == 4 * FP8_BLOCK), "four scale blocks of 128 values")
     gl.static_assert(RING == 0 or (KV_FP8 == 1 and RING >= 2), "the ring holds FP8 tokens' bytes")
+    gl.static_assert(REG_A == 0 or (RING % 2 == 0 and RING >= 2 and BLOCK_H == 16),
+                     "REG_A: an even ring (each consumer its own slots), 16 heads")
     dtype: gl.constexpr = q_ptr.dtype.element_ty
 
     if LAUNCH_DEPENDENTS:  # the combine (a programmatic dependent launch) may start its programs
         _launch_dependents()
     hb, split, row, start, end, n_tiles = _program_split(H, topk, split_len, num_splits, BLOCK_H, BLOCK_N)
-    if RING:  # FP8 tokens through a ring of their own
+    if REG_A:  # FP8 tokens through a ring, read as the wgmma's A operand from registers
+        _tn_rega(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                 H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                 stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+                 BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, RING)
+    elif RING:  # FP8 tokens through a ring of their own
         _tn_ring(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                  H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                  stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
@@ -416,6 +432,338 @@ def _tn_ring(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                           stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
                           BLOCK_H, BLOCK_N, D_NOPE, DIRECT, RING, 0)),
         (_consumer_ring, (smem, bars, idx_ptr, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr,
+                          H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                          stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+                          BLOCK_H, BLOCK_N, D_NOPE, DIRECT, RING, 1)),
+    ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+
+
+# REG_A's fixed powers of two (see _consumer_rega). bf16 q: a byte's bits moved into a bf16 give
+# its value times 2**-120 (subnormals included); q's nope part is multiplied by 2**48 in shared
+# memory and P^T by the scale times 2**64, so no product or sum of the wgmma leaves the f32
+# normal range; the scores' block sums are multiplied back by 2**72 and the output by 2**56.
+# fp16 q: cvt gives the values themselves; P^T carries scale * 2**8 (an fp16 of the scale alone
+# would underflow below a scale of 2**-24 / P).
+REGA_Q_BF16 = gl.constexpr(2.0 ** 48)
+REGA_S_BF16 = gl.constexpr(2.0 ** 72)
+REGA_P_BF16 = gl.constexpr(2.0 ** 64)
+REGA_O_BF16 = gl.constexpr(2.0 ** 56)
+REGA_P_FP16 = gl.constexpr(2.0 ** 8)
+REGA_O_FP16 = gl.constexpr(2.0 ** -8)
+
+
+@gluon.jit
+def _fp8_operand(x, dtype: gl.constexpr):
+    """e4m3fn bytes ``x`` (uint8, any layout) as ``dtype`` values for a wgmma operand: bf16
+    ``value * 2**-120`` (the sign and the 7 other bits moved into place: exact, subnormals
+    included; 4 integer instructions a pair), fp16 the values themselves (``cvt``)."""
+    if dtype == gl.bfloat16:
+        # bf16 bits = 16 * (byte & 0x7f) + 256 * (byte & 0x80) = 16 * byte + 240 * (byte & 0x80)
+        return gl.inline_asm_elementwise(
+            "{ .reg .b32 x, s; "
+            "prmt.b32 x, $2, 0, 0x4140; and.b32 s, x, 0x00800080; shl.b32 x, x, 4; mad.lo.u32 $0, s, 240, x; "
+            "prmt.b32 x, $2, 0, 0x4342; and.b32 s, x, 0x00800080; shl.b32 x, x, 4; mad.lo.u32 $1, s, 240, x; }",
+            "=r,=r,r", [x], dtype=gl.bfloat16, is_pure=True, pack=4)
+    else:
+        return gl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
+            "cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+            "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4)
+
+
+# REG_A's register layouts of one slot's bytes ([64 tokens, 128 columns] of a scale block, as
+# loaded) whose reshapes and permutes (below) are the wgmma A operand's layout exactly, so the loads
+# are 16 bytes (scores: 32 consecutive bytes of a token per thread) and 4 bytes (V^T).
+# The scores' K: a thread's K columns kappa = 16 c + 8 m' + 2 q + j (c: its 8 k-steps, q: lane % 4)
+# are the bytes 32 q + 4 c + 2 m' + j of its token (q^T's rows permuted the same way, by
+# _permute_q); the sum over a block does not depend on the order.
+REGA_K_LOAD = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], [8, 0]],
+    lane_bases=[[0, 32], [0, 64], [1, 0], [2, 0], [4, 0]],
+    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 128]))
+# V^T: the output rows of block b's two M tiles e = 0, 1 are permuted within the block: row rho =
+# 16 w + 8 i + l (w: warp, l: lane // 4, i: its two rows) of tile e is the value 4 (8 w + l) + 2 e
+# + i of the block, so a thread's 4 values of a token (2 rows x 2 tiles) are one 4-byte word.
+REGA_V_LOAD = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 1], [0, 2], [1, 0], [8, 0], [16, 0], [32, 0]],
+    lane_bases=[[2, 0], [4, 0], [0, 4], [0, 8], [0, 16]],
+    warp_bases=[[0, 32], [0, 64]], block_bases=[], shape=[64, 128]))
+
+
+@gluon.jit
+def _k_operand(raw, b: gl.constexpr, a_layout: gl.constexpr, dtype: gl.constexpr):
+    """Scale block ``b`` of the slot ``raw`` (``[64, 512]`` bytes) as the scores' A operand
+    (``[64 tokens, 128]`` ``dtype``, columns in REG_A's order, see ``REGA_K_LOAD``)."""
+    x = _fp8_operand(raw.slice(b * 128, 128, dim=1).load(REGA_K_LOAD), dtype)
+    x = gl.reshape(x, [64, 4, 8, 2, 2])  # byte 32 q + 4 c + 2 m' + j
+    x = gl.reshape(gl.permute(x, (0, 2, 3, 1, 4)), [64, 128])  # column 16 c + 8 m' + 2 q + j
+    return gl.convert_layout(x, a_layout, assert_trivial=True)
+
+
+@gluon.jit
+def _v_operands(raw, b: gl.constexpr, a_layout: gl.constexpr, dtype: gl.constexpr):
+    """Scale block ``b`` of the slot as V^T for its two M tiles (``[64 rows, 64 tokens]``
+    ``dtype`` each; rows in REG_A's order, see ``REGA_V_LOAD``)."""
+    x = raw.slice(b * 128, 128, dim=1).load(REGA_V_LOAD)
+    x = gl.reshape(x, [64, 4, 8, 2, 2])  # [token, w, l, e, i]: value 32 w + 4 l + 2 e + i
+    x = gl.reshape(gl.permute(x, (1, 4, 2, 0, 3)), [64, 64, 2])  # [16 w + 8 i + l, token, e]
+    v0, v1 = gl.split(x)
+    v0 = _fp8_operand(gl.convert_layout(v0, a_layout, assert_trivial=True), dtype)
+    v1 = _fp8_operand(gl.convert_layout(v1, a_layout, assert_trivial=True), dtype)
+    return v0, v1
+
+
+@gluon.jit
+def _permute_q(q_half, dtype: gl.constexpr, Q_MUL: gl.constexpr):
+    """Rewrite q's nope rows ``q_half`` (``[rows, 512]`` in shared memory) with each 128-value
+    block's columns in REG_A's K order (column ``16 c + 8 m' + 2 q + j`` holds value ``32 q + 4 c
+    + 2 m' + j``) and times ``Q_MUL``."""
+    ROWS: gl.constexpr = q_half.shape[0]
+    ql: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[1, 32],
+                                        warps_per_cta=[4, 1], order=[1, 0])
+    x = q_half.load(ql)
+    if Q_MUL != 1.0:
+        x = (x.to(gl.float32) * Q_MUL).to(dtype)
+    x = gl.reshape(x, [ROWS, 4, 4, 8, 2, 2])  # [row, block, q, c, m', j]
+    x = gl.reshape(gl.permute(x, (0, 1, 3, 4, 2, 5)), [ROWS, 512])
+    _cta_barrier()  # every thread's loads before any store
+    q_half.store(x)
+
+
+@gluon.jit
+def _consumer_rega(smem, bars, idx_ptr, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr,
+                   H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                   stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+                   BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
+                   DIRECT: gl.constexpr, RING: gl.constexpr, WG: gl.constexpr):
+    """Consumer ``WG`` of ``REG_A``: tiles ``t % 2 == WG`` (ring slots ``t % RING``), whole, with
+    no bf16 tile: each wgmma reads the FP8 bytes from the ring slot into registers, as its A
+    operand (``S^T`` per 128-value scale block: four sums, joined with the tokens' scales;
+    ``V^T`` per 64 output rows, with ``P^T`` times the scale of their block as B). Then the two
+    consumers' outputs are merged as in :func:`_consumer_t`, in their slots."""
+    q_nope, q_rope, k_raw, k_rope, p_buf, stats, k_scale_rows, k_rope_bits = smem
+    q_ready, kv_ready, kv_free, l_ready, q_done = bars
+    dtype: gl.constexpr = q_nope.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_H, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)  # per head
+    tok_s: gl.constexpr = gl.SliceLayout(1, s_layout)  # per token
+    if dtype == gl.bfloat16:
+        S_MUL: gl.constexpr = REGA_S_BF16
+        P_MUL: gl.constexpr = REGA_P_BF16
+        O_MUL: gl.constexpr = REGA_O_BF16
+    else:
+        S_MUL: gl.constexpr = 1.0
+        P_MUL: gl.constexpr = REGA_P_FP16
+        O_MUL: gl.constexpr = REGA_O_FP16
+    idx_row_ptr = idx_ptr + row.to(gl.int64) * stride_ir
+
+    mbarrier.wait(q_ready, 0)
+    # q's nope part (half the heads each): its columns in the K operand's order, times 2**48 (bf16)
+    if dtype == gl.bfloat16:
+        _permute_q(q_nope.index(0).slice(WG * (BLOCK_H // 2), BLOCK_H // 2, dim=0), dtype, REGA_Q_BF16)
+    else:
+        _permute_q(q_nope.index(0).slice(WG * (BLOCK_H // 2), BLOCK_H // 2, dim=0), dtype, 1.0)
+    fence_async_shared()  # q's stores (generic) before the wgmma reads them (async proxy)
+    _cta_barrier()
+    mbarrier.arrive(q_done)
+    mbarrier.wait(q_done, 0)
+
+    m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=col_s)
+    l_part = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout)  # summed over tokens at the end
+    zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout)
+    o0 = zero
+    o1 = zero
+    o2 = zero
+    o3 = zero
+    o4 = zero
+    o5 = zero
+    o6 = zero
+    o7 = zero
+    for t in range(WG, n_tiles, 2):
+        r = t % RING
+        z = (t + n_tiles < 0).to(gl.int32)  # 0, not known to be (see wgmma_ws._issue_scores)
+        idx_s = _load_indices(idx_row_ptr, start + t * BLOCK_N, end, BLOCK_N, tok_s)
+        mbarrier.wait(kv_ready.index(r), (t // RING) & 1)
+        fence_async_shared()  # the gathered rope (generic proxy) before wgmma reads it (async proxy)
+        raw = k_raw.index(r)
+        qn = q_nope.index(z)
+        # The scores, one sum per scale block (A from registers: the block's bytes), and the rope's.
+        a = _k_operand(raw, 0, a_layout, dtype)
+        s0 = warpgroup_mma(a, qn.slice(0, 128, dim=1).permute((1, 0)), zero, use_acc=False, is_async=True)
+        a1 = _k_operand(raw, 1, a_layout, dtype)
+        s0, a = warpgroup_mma_wait(num_outstanding=0, deps=(s0, a))
+        s1 = warpgroup_mma(a1, qn.slice(128, 128, dim=1).permute((1, 0)), zero, use_acc=False, is_async=True)
+        a = _k_operand(raw, 2, a_layout, dtype)
+        s1, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(s1, a1))
+        s2 = warpgroup_mma(a, qn.slice(256, 128, dim=1).permute((1, 0)), zero, use_acc=False, is_async=True)
+        a1 = _k_operand(raw, 3, a_layout, dtype)
+        s2, a = warpgroup_mma_wait(num_outstanding=0, deps=(s2, a))
+        s3 = warpgroup_mma(a1, qn.slice(384, 128, dim=1).permute((1, 0)), zero, use_acc=False, is_async=True)
+        if dtype == gl.bfloat16:
+            sr = warpgroup_mma(k_rope.index(r), q_rope.index(z).permute((1, 0)), zero, use_acc=False,
+                               is_async=True)
+        else:  # fp16 q: the bf16 rope rounded to fp16 in registers
+            ar = k_rope_bits.index(r).load(a_layout).to(dtype)
+            sr = warpgroup_mma(ar, q_rope.index(z).permute((1, 0)), zero, use_acc=False, is_async=True)
+        s3, sr, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(s3, sr, a1))
+        c0 = k_scale_rows.index(r * 4).load(tok_s) * S_MUL
+        c1 = k_scale_rows.index(r * 4 + 1).load(tok_s) * S_MUL
+        c2 = k_scale_rows.index(r * 4 + 2).load(tok_s) * S_MUL
+        c3 = k_scale_rows.index(r * 4 + 3).load(tok_s) * S_MUL
+        s = sr + s0 * c0[:, None] + s1 * c1[:, None] + s2 * c2[:, None] + s3 * c3[:, None]
+
+        # Online softmax over the tile's tokens; P^T times each block's scale (and P_MUL) as B.
+        valid = (idx_s >= 0) & (idx_s < pool)
+        s = gl.where(valid[:, None], s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m, gl.max(s, axis=0))
+        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # nothing valid yet: no inf - inf
+        alpha = gl.exp2(m - m_ref)
+        p = gl.exp2(s - m_ref[None, :])
+        m = m_new
+        l_part = l_part * alpha[None, :] + p
+        pb = p_buf.index(WG * 4)
+        pb.store((p * (c0 * (P_MUL / S_MUL))[:, None]).to(dtype))
+        p_buf.index(WG * 4 + 1).store((p * (c1 * (P_MUL / S_MUL))[:, None]).to(dtype))
+        p_buf.index(WG * 4 + 2).store((p * (c2 * (P_MUL / S_MUL))[:, None]).to(dtype))
+        p_buf.index(WG * 4 + 3).store((p * (c3 * (P_MUL / S_MUL))[:, None]).to(dtype))
+        fence_async_shared()  # P^T (generic stores) before the wgmma reads it (async proxy)
+        _cta_barrier()
+        al = alpha[None, :]
+        # O^T's M tiles 2 b and 2 b + 1 (rows in REG_A's order) from block b's bytes
+        a, a1 = _v_operands(raw, 0, a_layout, dtype)
+        o0 = warpgroup_mma(a, p_buf.index(WG * 4), o0 * al, is_async=True)
+        o1 = warpgroup_mma(a1, p_buf.index(WG * 4), o1 * al, is_async=True)
+        o0, o1, a, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, a, a1))
+        a, a1 = _v_operands(raw, 1, a_layout, dtype)
+        o2 = warpgroup_mma(a, p_buf.index(WG * 4 + 1), o2 * al, is_async=True)
+        o3 = warpgroup_mma(a1, p_buf.index(WG * 4 + 1), o3 * al, is_async=True)
+        o2, o3, a, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(o2, o3, a, a1))
+        a, a1 = _v_operands(raw, 2, a_layout, dtype)
+        o4 = warpgroup_mma(a, p_buf.index(WG * 4 + 2), o4 * al, is_async=True)
+        o5 = warpgroup_mma(a1, p_buf.index(WG * 4 + 2), o5 * al, is_async=True)
+        o4, o5, a, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(o4, o5, a, a1))
+        a, a1 = _v_operands(raw, 3, a_layout, dtype)
+        o6 = warpgroup_mma(a, p_buf.index(WG * 4 + 3), o6 * al, is_async=True)
+        o7 = warpgroup_mma(a1, p_buf.index(WG * 4 + 3), o7 * al, is_async=True)
+        o6, o7, a, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(o6, o7, a, a1))
+        mbarrier.arrive(kv_free.index(r))
+    l = gl.sum(l_part, axis=0)
+
+    # Merge as _consumer_t: my output into my last slot's bytes (a slot only I read, all my
+    # tiles done: no gather writes it again), max and sum beside; each merges half the columns.
+    _cta_barrier()
+    mine = _rega_merge_view(k_raw, WG, D_NOPE, BLOCK_H)
+    mine.slice(0, 64, dim=0).store(o0)
+    mine.slice(64, 64, dim=0).store(o1)
+    mine.slice(128, 64, dim=0).store(o2)
+    mine.slice(192, 64, dim=0).store(o3)
+    mine.slice(256, 64, dim=0).store(o4)
+    mine.slice(320, 64, dim=0).store(o5)
+    mine.slice(384, 64, dim=0).store(o6)
+    mine.slice(448, 64, dim=0).store(o7)
+    stats.index(2 * WG).store(m)
+    stats.index(2 * WG + 1).store(l)
+    _cta_barrier()
+    mbarrier.arrive(l_ready.index(WG))
+    mbarrier.wait(l_ready.index(1 - WG), 0)
+    m1 = stats.index(2 - 2 * WG).load(col_s)
+    l1 = stats.index(3 - 2 * WG).load(col_s)
+    m_all = gl.maximum(m, m1)
+    m_ref = gl.where(m_all == float("-inf"), 0.0, m_all)
+    a0 = gl.exp2(m - m_ref)
+    b0 = gl.exp2(m1 - m_ref)
+    l = l * a0 + l1 * b0
+    empty = l == 0.0
+    lse = gl.where(empty, float("-inf"), (m_all + gl.log2(gl.where(empty, 1.0, l))) * 0.6931471805599453)
+    w0 = a0 * O_MUL / gl.where(empty, 1.0, l)
+    w1 = b0 * O_MUL / gl.where(empty, 1.0, l)
+    h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=col_s)
+    h_ok = h < H  # heads >= H exist only in this program: never stored
+    HALF: gl.constexpr = D_NOPE // 2
+    other = _rega_merge_view(k_raw, 1 - WG, D_NOPE, BLOCK_H)
+    for c in gl.static_range(0, HALF, BLOCK_N):
+        out = (mine.slice(WG * HALF + c, BLOCK_N, dim=0).load(s_layout) * w0[None, :]
+               + other.slice(WG * HALF + c, BLOCK_N, dim=0).load(s_layout) * w1[None, :])
+        # the output columns of M tile (WG * HALF + c) // 64's rows (REG_A's order, REGA_V_LOAD)
+        rho = gl.arange(0, BLOCK_N, layout=tok_s)
+        mt = (WG * HALF + c) // 64
+        d = (mt // 2) * 128 + 4 * (8 * (rho // 16) + rho % 8) + 2 * (mt % 2) + (rho // 8) % 2
+        _store_out_t(out, h, h_ok, d, row, split, H, out_ptr, ws_out_ptr, stride_wr, stride_ws, stride_wh, D_NOPE, DIRECT)
+    if WG == 0:
+        _store_lse_t(lse, h, h_ok, row, split, H, lse_ptr, ws_lse_ptr, stride_lr, stride_ls, DIRECT)
+
+
+@gluon.jit
+def _rega_merge_view(k_raw, w: gl.constexpr, D_NOPE: gl.constexpr, BLOCK_H: gl.constexpr):
+    """Ring slot ``w`` (``[64, 512]`` bytes: 32 KB) as an f32 ``[512, BLOCK_H]`` output (16
+    heads), swizzled as :func:`_merge_view`'s."""
+    flat: gl.constexpr = gl.SwizzledSharedLayout(vec=2, per_phase=1, max_phase=8, order=[1, 0])
+    R: gl.constexpr = k_raw.shape[0]
+    if _NEW_REINTERPRET:
+        view = k_raw.reinterpret(gl.float32, [R, D_NOPE, BLOCK_H], flat)
+    else:
+        view = k_raw._reinterpret(gl.float32, [R, D_NOPE, BLOCK_H], flat)
+    return view.index(w)
+
+
+@gluon.jit
+def _tn_rega(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+             H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+             stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+             BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
+             DIRECT: gl.constexpr, RING: gl.constexpr):
+    """``_flashmla_tn_kernel`` with ``REG_A`` (FP8 tokens, 16 heads): the producer gathers each
+    tile's bytes, scales and rope into a ring of ``RING`` slots (41 KB each: four beside q and
+    the scaled ``P^T`` buffers), and each consumer computes its tiles' products with the bytes as
+    the wgmma's A operand from registers (:func:`_consumer_rega`): no bf16 tile, no
+    dequantisation through shared memory."""
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    raw_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    p_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * BLOCK_H, element_bitwidth=16, rank=2)
+    rows_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    q_nope = gl.allocate_shared_memory(dtype, [1, BLOCK_H, D_NOPE], smem_layout)
+    q_rope = gl.allocate_shared_memory(dtype, [1, BLOCK_H, D_ROPE], smem_layout)
+    k_rope = gl.allocate_shared_memory(gl.bfloat16, [RING, BLOCK_N, D_ROPE], smem_layout)  # as gathered
+    k_raw = gl.allocate_shared_memory(gl.uint8, [RING, BLOCK_N, D_NOPE], raw_layout)
+    k_scale = gl.allocate_shared_memory(gl.float32, [RING, 4, BLOCK_N], gl.SwizzledSharedLayout(
+        vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+    p_buf = gl.allocate_shared_memory(dtype, [8, BLOCK_N, BLOCK_H], p_layout)  # per consumer, per block
+    stats = gl.allocate_shared_memory(gl.float32, [4, BLOCK_H], rows_layout)  # (max, sum) per consumer
+    if _NEW_REINTERPRET:
+        k_scale_rows = k_scale.reinterpret(gl.float32, [RING * 4, BLOCK_N], rows_layout)
+    else:
+        k_scale_rows = k_scale._reinterpret(gl.float32, [RING * 4, BLOCK_N], rows_layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+    kv_free = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+    l_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=128)  # one cp.async arrival per producer thread
+    mbarrier.init(q_done, count=2)
+    for i in gl.static_range(RING):
+        mbarrier.init(kv_ready.index(i), count=128)
+        mbarrier.init(kv_free.index(i), count=1)  # the slot's one consumer
+    for i in gl.static_range(2):
+        mbarrier.init(l_ready.index(i), count=1)
+
+    # The producer's tuples have wgmma_ws's shape; the places it does not use hold q_ready.
+    p_smem = (q_nope, q_rope, k_raw, k_rope, p_buf, p_buf, k_raw, k_scale, k_rope, k_scale_rows)
+    p_bars = (q_ready, kv_ready, kv_free, q_ready, q_ready, q_ready)
+    smem = (q_nope, q_rope, k_raw, k_rope, p_buf, stats, k_scale_rows, k_rope)
+    bars = (q_ready, kv_ready, kv_free, l_ready, q_done)
+    gl.warp_specialize([
+        (_producer, (p_smem, p_bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                     H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                     stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
+                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 1, 0, q_ready, p_buf, RING)),
+        (_consumer_rega, (smem, bars, idx_ptr, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr,
+                          H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                          stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+                          BLOCK_H, BLOCK_N, D_NOPE, DIRECT, RING, 0)),
+        (_consumer_rega, (smem, bars, idx_ptr, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr,
                           H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                           stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
                           BLOCK_H, BLOCK_N, D_NOPE, DIRECT, RING, 1)),
