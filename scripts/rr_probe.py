@@ -46,7 +46,7 @@ BEFORE = [
     ("\n\n@gluon.jit\ndef _scores_half(", "    _probe(ws_out_ptr, out_ptr, DIRECT, 23)\n"),
 ]
 AFTER = [
-    ("    if WG == 0:\n        _load_q_first(q_ptr, stride_qr, stride_qh, row, hb, H, q_nope, q_rope, q_ready, "
+    ("        _load_q_first(q_ptr, stride_qr, stride_qh, row, hb, H, q_nope, q_rope, q_ready, "
      "BLOCK_H, D_NOPE, D_ROPE)\n", "        _probe(ws_out_ptr, out_ptr, DIRECT, 21)\n"),
     ("            _gather_half(kv_ptr, rows1, valid1, k_nope.index(1), k_rope.index(1), ready.index(2), free.index(2),"
      " ph,\n                         0, D_NOPE, D_ROPE)\n", "            if r == 0:\n                _probe(ws_out_ptr, out_ptr, DIRECT, 22)\n"),
