@@ -69,13 +69,7 @@ def _program_split(H, topk, split_len, num_splits, BLOCK_H: gl.constexpr, BLOCK_
     split, row, first index, end index, KV tiles)`` of its slice of the row's top-k. With
     ``CLUSTER`` (= ``num_splits``) the splits of a (row, head block) are consecutive programs,
     so that they form one thread-block cluster."""
-    return _place(gl.program_id(0), H, topk, split_len, num_splits, BLOCK_H, BLOCK_N, CLUSTER)
-
-
-@gluon.jit
-def _place(pid, H, topk, split_len, num_splits, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-           CLUSTER: gl.constexpr = 0):
-    """:func:`_program_split` of program ``pid``."""
+    pid = gl.program_id(0)
     head_blocks = gl.cdiv(H, BLOCK_H)
     if CLUSTER:
         split = pid % CLUSTER
@@ -106,32 +100,9 @@ def _prefetch_indices_l2(idx_row_ptr, start, end, THREADS: gl.constexpr = 128):
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [THREADS // 32], [0])
     for off in range(start, end, THREADS * LINE):
         cols = off + gl.arange(0, THREADS, layout=layout) * LINE
-        _prefetch_l2(idx_row_ptr + cols, cols < end)
-
-
-@gluon.jit
-def _prefetch_l2(ptrs, mask):
-    """``prefetch.global.L2`` of the line each of ``ptrs`` points into, where ``mask``."""
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-        "=r,l,r", [ptrs, mask.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _prefetch_rows_l2(row_ptrs, valid, ROW: gl.constexpr):
-    """Ask L2 for whole rows of ``ROW`` 16-bit elements from ``row_ptrs`` where ``valid`` (one
-    prefetch per 128 bytes, and one at each row's last element, which a row not aligned to 128
-    bytes ends in a line of its own)."""
-    STEP: gl.constexpr = 64  # 16-bit elements a 128-byte line
-    for c in gl.static_range(ROW // STEP):
-        _prefetch_l2(row_ptrs + c * STEP, valid)
-    _prefetch_l2(row_ptrs + (ROW - 1), valid)
-
-
-@gluon.jit
-def _num_sms():
-    """``%nsmid``: the SM ids' count (the SMs of the device, where their ids are contiguous)."""
-    return gl.inline_asm_elementwise("mov.u32 $0, %nsmid;", "=r", [], dtype=gl.int32, is_pure=True, pack=1)
+        gl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+            "=r,l,r", [idx_row_ptr + cols, (cols < end).to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit

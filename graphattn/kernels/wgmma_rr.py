@@ -47,10 +47,7 @@ from .wgmma import (
     _cta_barrier,
     _launch_dependents,
     _load_indices,
-    _num_sms,
-    _place,
     _prefetch_indices_l2,
-    _prefetch_rows_l2,
     _program_split,
 )
 from .wgmma_ws import CONSUMER_REGS, GATHER_R, _finish, _load_q_first
@@ -103,25 +100,20 @@ def _producer_rr(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out
                  H, pool, qk_scale, row, hb, split, start, end, n_rounds,
                  stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
                  BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-                 DIRECT: gl.constexpr, CLUSTER: gl.constexpr = 0, IDX_EARLY: gl.constexpr = 0,
-                 Q_GO: gl.constexpr = 0, NEXT_L2: gl.constexpr = 0, topk=0, split_len=0, num_splits=0):
+                 DIRECT: gl.constexpr, CLUSTER: gl.constexpr = 0, IDX_EARLY: gl.constexpr = 0):
     """Default partition: per round, the four halves in the order the consumers free them
     (``ready``/``free`` index: slot * 2 + half, 0 = L, 1 = R); with ``CLUSTER``, then its
     arrival on the cluster barrier the consumers' merge waits at (see ``_finish``).
     ``IDX_EARLY``: the split's indices asked of L2 first, and each round's loaded a round ahead,
-    before the waits for free halves; ``Q_GO``: consumer 0's q copies wait until those loads
-    are issued; ``NEXT_L2``: after the last round, the start of program ``pid + SMs`` asked of L2
-    (see ``_flashmla_rr_kernel``)."""
+    before the waits for free halves (see ``_flashmla_rr_kernel``)."""
     q_nope, q_rope, k_nope, k_rope, p1, stat_m, stat_l = smem
-    q_ready, ready, free, m0_ready, m1_ready, s0_ready, s1_ready, l_ready, q_go = bars
+    q_ready, ready, free, m0_ready, m1_ready, s0_ready, s1_ready, l_ready = bars
     TILE: gl.constexpr = BLOCK_N // 2
     idx_row_ptr = idx_ptr + row.to(gl.int64) * stride_ir
     if IDX_EARLY:
         _prefetch_indices_l2(idx_row_ptr, start, end)
         idx0 = _load_indices(idx_row_ptr, start, end, TILE, gl.SliceLayout(1, GATHER_R))
         idx1 = _load_indices(idx_row_ptr, start + TILE, end, TILE, gl.SliceLayout(1, GATHER_R))
-        if Q_GO:  # the index loads ahead of q's 72 KB in the memory system's queues
-            mbarrier.arrive(q_go)
     for r in range(0, n_rounds):
         n0 = start + r * BLOCK_N
         ph = (r & 1) ^ 1  # a fresh barrier passes phase 1
@@ -149,32 +141,8 @@ def _producer_rr(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out
                          1, D_NOPE, D_ROPE)
             _gather_half(kv_ptr, rows1, valid1, k_nope.index(1), k_rope.index(1), ready.index(2), free.index(2), ph,
                          0, D_NOPE, D_ROPE)
-    if NEXT_L2:
-        _prefetch_next(q_ptr, kv_ptr, idx_ptr, H, pool, topk, split_len, num_splits, stride_qr, stride_qh,
-                       stride_kv, stride_ir, BLOCK_H, BLOCK_N, D_NOPE + D_ROPE, NEXT_L2)
     if CLUSTER:
         _cluster_arrive(0)
-
-
-@gluon.jit
-def _prefetch_next(q_ptr, kv_ptr, idx_ptr, H, pool, topk, split_len, num_splits, stride_qr, stride_qh, stride_kv,
-                   stride_ir, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, ROW: gl.constexpr, LEVEL: gl.constexpr):
-    """Ask L2 for what program ``pid + SMs`` (with one program an SM, likely the next to start)
-    loads first: its split's indices and its q rows, and with ``LEVEL`` 2 its first round's KV
-    rows (their indices loaded here: the producer, past its last round, can wait for them).
-    Its place is computed here, after the loop, so that nothing is held across it."""
-    pid = gl.program_id(0) + _num_sms()
-    if pid < gl.num_programs(0):
-        hb, split, row, start, end, n_rounds = _place(pid, H, topk, split_len, num_splits, BLOCK_H, BLOCK_N)
-        idx_row_ptr = idx_ptr + row.to(gl.int64) * stride_ir
-        _prefetch_indices_l2(idx_row_ptr, start, end)
-        one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=one)
-        _prefetch_rows_l2(q_ptr + row.to(gl.int64) * stride_qr + h * stride_qh, h < H, ROW)
-        if LEVEL >= 2:
-            idx = _load_indices(idx_row_ptr, start, end, BLOCK_N, one)
-            valid = (idx >= 0) & (idx < pool)
-            _prefetch_rows_l2(kv_ptr + gl.where(valid, idx, 0).to(gl.int64) * stride_kv, valid, ROW)
 
 
 @gluon.jit
@@ -212,11 +180,10 @@ def _consumer_rr(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out
                  H, pool, qk_scale, row, hb, split, start, end, n_rounds,
                  stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
                  BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-                 DIRECT: gl.constexpr, WG: gl.constexpr, CLUSTER: gl.constexpr = 0, NATIVE: gl.constexpr = 0,
-                 Q_GO: gl.constexpr = 0):
+                 DIRECT: gl.constexpr, WG: gl.constexpr, CLUSTER: gl.constexpr = 0, NATIVE: gl.constexpr = 0):
     """Consumer ``WG``: tile ``k{WG}`` of every round and output columns ``[WG * 256, WG * 256 + 256)``."""
     q_nope, q_rope, k_nope, k_rope, p1, stat_m, stat_l = smem
-    q_ready, ready, free, m0_ready, m1_ready, s0_ready, s1_ready, l_ready, q_go = bars
+    q_ready, ready, free, m0_ready, m1_ready, s0_ready, s1_ready, l_ready = bars
     HALF: gl.constexpr = D_NOPE // 2
     TILE: gl.constexpr = BLOCK_N // 2
     dtype: gl.constexpr = q_nope.dtype
@@ -230,8 +197,6 @@ def _consumer_rr(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out
     idx_row_ptr = idx_ptr + row.to(gl.int64) * stride_ir
 
     if WG == 0:
-        if Q_GO:
-            mbarrier.wait(q_go, 0)
         _load_q_first(q_ptr, stride_qr, stride_qh, row, hb, H, q_nope, q_rope, q_ready, BLOCK_H, D_NOPE, D_ROPE)
     mbarrier.wait(q_ready, 0)
     m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_s)
@@ -318,7 +283,6 @@ def _flashmla_rr_kernel(
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     STAGES: gl.constexpr, DIRECT: gl.constexpr, KV_FP8: gl.constexpr = 0, LAUNCH_DEPENDENTS: gl.constexpr = 0,
     CLUSTER: gl.constexpr = 0, PARTIAL_NATIVE: gl.constexpr = 0, IDX_EARLY: gl.constexpr = 0,
-    Q_GO: gl.constexpr = 0, NEXT_L2: gl.constexpr = 0,
 ):
     """Arguments, grid and outputs as ``_flashmla_split_kernel`` with ``BLOCK_N = 128`` (a round
     of two 64-token tiles, so splits hold whole rounds); launch with ``num_warps=4`` and
@@ -332,14 +296,7 @@ def _flashmla_rr_kernel(
     ``IDX_EARLY=1``: the producer asks L2 for the split's indices first, then loads each round's
     indices a round ahead, so their memory latency is not spent before the waits for free
     halves (Nsight Compute at 128 heads x 64 rows: the producer's stalls on those loads were
-    about as many as on the frees).
-
-    ``Q_GO=1`` (only with ``IDX_EARLY``): consumer 0 issues q's copies only once the producer has
-    issued those index loads, so they do not queue behind every program's q.
-
-    ``NEXT_L2`` (1 or 2; not in clusters, whose programs start together): past its last round the producer asks L2 for the start of
-    program ``pid + SMs``, the one likely to start next: its indices and q rows, and with 2 its
-    first round's KV rows."""
+    about as many as on the frees)."""
     gl.static_assert(BLOCK_H == 64, "one wgmma M tile of heads per program")
     gl.static_assert(BLOCK_N == 128, "a round: two 64-token tiles")
     gl.static_assert(D_ROPE == BLOCK_N // 2, "P0 [64 heads, 64 tokens] reuses k0's [64, 64] rope columns")
@@ -349,8 +306,6 @@ def _flashmla_rr_kernel(
     gl.static_assert(CLUSTER == 0 or (CLUSTER == 2 and DIRECT == 0), "clusters merge two splits")
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     TILE: gl.constexpr = BLOCK_N // 2
-    QG: gl.constexpr = Q_GO if IDX_EARLY else 0
-    NX: gl.constexpr = NEXT_L2 if CLUSTER == 0 else 0
 
     if LAUNCH_DEPENDENTS:
         _launch_dependents()
@@ -373,11 +328,6 @@ def _flashmla_rr_kernel(
     s0_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     s1_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     l_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    if QG:
-        q_go = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_go, count=1)
-    else:  # unused
-        q_go = q_ready
     mbarrier.init(q_ready, count=128)  # one cp.async arrival per thread of consumer 0
     for i in gl.static_range(4):
         mbarrier.init(ready.index(i), count=128)  # one cp.async arrival per producer thread
@@ -390,19 +340,18 @@ def _flashmla_rr_kernel(
         mbarrier.init(l_ready.index(i), count=1)
 
     smem = (q_nope, q_rope, k_nope, k_rope, p1, stat_m, stat_l)
-    bars = (q_ready, ready, free, m0_ready, m1_ready, s0_ready, s1_ready, l_ready, q_go)
+    bars = (q_ready, ready, free, m0_ready, m1_ready, s0_ready, s1_ready, l_ready)
     gl.warp_specialize([
         (_producer_rr, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                         H, pool, qk_scale, row, hb, split, start, end, n_rounds,
                         stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                        stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, CLUSTER, IDX_EARLY, QG, NX,
-                        topk, split_len, num_splits)),
+                        stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, CLUSTER, IDX_EARLY)),
         (_consumer_rr, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                         H, pool, qk_scale, row, hb, split, start, end, n_rounds,
                         stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                        stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 0, CLUSTER, PARTIAL_NATIVE, QG)),
+                        stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 0, CLUSTER, PARTIAL_NATIVE)),
         (_consumer_rr, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                         H, pool, qk_scale, row, hb, split, start, end, n_rounds,
                         stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                        stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 1, CLUSTER, PARTIAL_NATIVE, QG)),
+                        stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 1, CLUSTER, PARTIAL_NATIVE)),
     ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
