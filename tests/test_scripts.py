@@ -287,3 +287,25 @@ def test_racecheck_triage_does_not_pass_an_access_without_a_source_line(tmp_path
                    "=========     and Read access at _flashmla_ws_kernel+0xe830 [128 hazards]\n"
                    "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)\n")
     assert triage.main([str(log)]) == 1
+
+
+def test_call_timeline_splits_the_profile_into_calls():
+    """call_timeline: a call is the split kernel and what follows it up to the next split kernel;
+    a combine launched as a PDL may start before the split kernel ends (durations and gaps from
+    the kernels' own times, the last call dropped: it has no next start)."""
+    tl = _load("call_timeline")
+    kernels = [  # (name, start, end) in us, out of order as a profile may give them
+        ("_flashmla_combine_native_kernel", 8.0, 11.0),  # started under the split (PDL)
+        ("_flashmla_ws_kernel", 0.0, 9.0),
+        ("_flashmla_ws_kernel", 13.0, 21.0),
+        ("_flashmla_combine_native_kernel", 22.0, 24.0),
+        ("_flashmla_ws_kernel", 26.0, 30.0),
+    ]
+    calls = tl.per_call(kernels, "_flashmla_ws_kernel")
+    assert calls == [
+        {"split": 9.0, "combine": 3.0, "to_combine": 2.0, "span": 11.0, "to_next": 2.0},
+        {"split": 8.0, "combine": 2.0, "to_combine": 3.0, "span": 11.0, "to_next": 2.0},
+    ]
+    assert tl.medians(calls) == {"split": 8.5, "combine": 2.5, "to_combine": 2.5, "span": 11.0, "to_next": 2.0}
+    alone = tl.per_call([("_k", 0.0, 5.0), ("_k", 7.0, 12.0), ("_k", 13.0, 14.0)], "_k")
+    assert [c["combine"] for c in alone] == [0.0, 0.0] and [c["to_next"] for c in alone] == [2.0, 1.0]
