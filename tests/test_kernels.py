@@ -568,7 +568,7 @@ def test_sm90_rr_takes_its_index_loads_off_the_producers_path(monkeypatch, rows,
     (8, 96, False, {}, True),  # a whole block and a half-masked one
     (8, 48, True, {}, True),  # FP8 tokens: wgmma_ws, 48 heads in a 64-head block
     (1, 16, True, {}, False),  # FP8 tokens at one row of 16 heads: wgmma_tn (its ring) stores head-major rows
-    (8, 16, False, {}, False),  # wgmma_tn stores head-major rows (in q's dtype: partial_16)
+    (8, 16, False, {}, False),  # wgmma_tn stores head-major rows
     (64, 64, False, {}, False),  # two splits merged in a cluster: no combine
     (512, 128, False, {}, False),  # one split: direct
 ])
@@ -588,52 +588,8 @@ def test_sm90_partials_in_the_accumulator_order(monkeypatch, rows, heads, kv_fp8
     assert bool(plan.main.kwargs.get("PARTIAL_NATIVE")) == native, where
     if plan.combine is not None:
         assert plan.combine.fn is (_gluon(*NATIVE_COMBINE) if native else _flashmla_combine_kernel), where
-        # partials in q's dtype (partial_native 2, or wgmma_tn's partial_16) are read so by the combine
-        sixteen = plan.main.kwargs.get("PARTIAL_NATIVE") == 2 or plan.main.kwargs.get("PARTIAL_16") == 1
-        assert plan.combine.kwargs.get("PARTIAL_16", 0) == sixteen, where
-        assert plan.main.kwargs.get("PARTIAL_16", 0) == (plan.kernel == "wgmma_tn"), where
+        # partials in q's dtype (the launch setting's 2) are read so by the combine
+        assert plan.combine.kwargs.get("PARTIAL_16", 0) == (plan.main.kwargs.get("PARTIAL_NATIVE") == 2), where
         assert plan.combine.grid == ((rows * -(-heads // 64) * 64,) if native else (rows * heads,)), where
     else:
         assert not native, where
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("partial_16", [0, 1])
-def test_flashmla_combine_merges_head_major_partials(dtype, partial_16):
-    """``_flashmla_combine_kernel`` (flashmla's Triton combine) merges head-major split partials
-    (f32, or with ``PARTIAL_16`` in the output's dtype in the first half of each f32 row, as
-    wgmma_tn stores them) into the float64 merge of the same partials: an empty split (lse -inf)
-    weighs nothing, a head with no valid token anywhere gets 0 and -inf, and split slots past
-    ``num_splits`` (NaN) and the unused half of a 16-bit partial's row (NaN) are never read."""
-    from graphattn.kernels.flashmla import _flashmla_combine_kernel
-    from graphattn.kernels.launch import make_launch
-
-    rows, heads, splits = 2, 3, 5
-    part = torch.randn(rows, splits, heads, 512, dtype=torch.float64)
-    lse = torch.randn(rows, splits, heads, dtype=torch.float64) * 3
-    lse[0, 1] = float("-inf")  # an empty split of row 0
-    lse[1, :, 2] = float("-inf")  # head 2 of row 1 saw nothing valid
-    part[1, :, 2] = 0.0  # as a split kernel stores an empty head
-    ws_out = torch.full((rows, splits + 2, heads, 512), float("nan"), device=DEVICE)
-    ws_lse = torch.full((rows, splits + 2, heads), float("nan"), device=DEVICE)
-    if partial_16:  # rounded to the output's dtype, in the first half of each f32 row
-        part = part.to(dtype).double()
-        ws_out.view(dtype)[:, :splits, :, :512] = part.to(dtype).to(DEVICE)
-    else:
-        ws_out[:, :splits] = part.float().to(DEVICE)
-    ws_lse[:, :splits] = lse.float().to(DEVICE)
-    out = torch.empty(rows, heads, 512, dtype=dtype, device=DEVICE)
-    lse_out = torch.empty(rows, heads, device=DEVICE)
-    launch = make_launch(_flashmla_combine_kernel, (rows * heads,), BLOCK_S=8, D_NOPE=512, num_warps=4,
-                         num_stages=1, PARTIAL_16=partial_16)
-    launch(ws_out, ws_lse, out, lse_out, heads, splits, *ws_out.stride()[:3], *ws_lse.stride()[:2])
-    top = lse.max(dim=1).values
-    w = torch.exp(lse - torch.where(top.isinf(), 0.0, top)[:, None])
-    den = w.sum(dim=1)
-    ref = (w[..., None] * part).sum(dim=1) / torch.where(den == 0, 1.0, den)[..., None]
-    ref_lse = torch.where(den == 0, float("-inf"), top + torch.log(torch.where(den == 0, 1.0, den)))
-    atol, rtol = TOLERANCES[dtype]
-    where = f"[flashmla combine {dtype} partial_16={partial_16}]"
-    torch.testing.assert_close(out.double().cpu(), ref, atol=atol, rtol=rtol, msg=where)
-    torch.testing.assert_close(lse_out.double().cpu(), ref_lse, atol=LSE_ATOL, rtol=0, msg=where)
-    assert lse_out[1, 2].item() == float("-inf") and not out[1, 2].any(), where

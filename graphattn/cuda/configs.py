@@ -122,10 +122,7 @@ WGMMA_RR_MIN_PROGRAMS = 48  # 48 (64 x 3) measured faster with rr, 32 slower; be
 # consumer, which few tiles per program do not hide.
 TN_MAX_HEADS = 32
 TN_MIN_ROWS = {16: 4, 32: 64}
-# Its split partials, head-major, are stored in q's dtype (partial_16, a host key:
-# graphattn.kernels.flashmla.PARTIAL_16_KERNELS; each thread stores 8 columns of a head at once)
-# and read so by the Triton combine.
-_WGMMA_TN_TILES = {bh: {**_WGMMA_TILE, "kernel": "wgmma_tn", "BLOCK_H": bh, "partial_16": 1} for bh in (16, 32)}
+_WGMMA_TN_TILES = {bh: {**_WGMMA_TILE, "kernel": "wgmma_tn", "BLOCK_H": bh} for bh in (16, 32)}
 # Its splits fill whole waves of 132 programs (graphattn.kernels.plan.choose_splits), a split
 # costing about two 64-token tiles of fixed work (q is 72 KB, the f32 partial 128 KB); that
 # rule, not PARTIAL_BYTES_PER_ROW, keeps 8 rows x topk 32768 in one wave, so up to 32 splits

@@ -135,10 +135,7 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
                     variants += [("bf16", ring), ("fp16", ring), ("bf16", {**ring, "DIRECT": True})]
                     if _combine_pdl(target):  # at 1-2 rows, before a combine launched as a PDL
                         variants.append(("bf16", {**ring, "LAUNCH_DEPENDENTS": 1}))
-                if "PARTIAL_16" in names and cfg.get("partial_16"):  # head-major 16-bit partials
-                    variants += [(dtype, {**extra, "PARTIAL_16": 1}) for dtype, extra in variants
-                                 if not extra.get("DIRECT")]
-                elif "PARTIAL_16" in names and _partial_16(target):  # the combines of 16-bit partials
+                if "PARTIAL_16" in names and _partial_native(target) == 2:  # the combine of 16-bit partials
                     variants.append(("bf16", {"PARTIAL_16": 1}))  # with each setting (plain, PDL)
                     if i == 0:
                         variants.append(("fp16", {"PARTIAL_16": 1}))
@@ -162,13 +159,6 @@ def _partial_native(target: str) -> int:
     """The largest ``partial_native`` of ``target``'s flashmla settings (0: none)."""
     settings = [cfg for kv_fp8 in (False, True) for cfg in _configs("flashmla", target, kv_fp8)]
     return max((cfg.get("partial_native", 0) for cfg in settings), default=0)
-
-
-def _partial_16(target: str) -> bool:
-    """Whether some flashmla setting of ``target`` stores its split partials in q's dtype
-    (``partial_native`` 2 or ``partial_16``), which the combines then read."""
-    settings = [cfg for kv_fp8 in (False, True) for cfg in _configs("flashmla", target, kv_fp8)]
-    return _partial_native(target) == 2 or any(cfg.get("partial_16") for cfg in settings)
 
 
 def _combine_pdl(target: str) -> bool:

@@ -64,11 +64,10 @@ def _flashmla_split_kernel(
 def _flashmla_combine_kernel(
     ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr, H, num_splits,
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-    BLOCK_S: tl.constexpr, D_NOPE: tl.constexpr, PDL: tl.constexpr = 0, PARTIAL_16: tl.constexpr = 0,
+    BLOCK_S: tl.constexpr, D_NOPE: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     # One program per (row, head): all of its splits are loaded as one [BLOCK_S, D_NOPE] tile,
-    # so the combine pays one memory latency instead of one per split. PARTIAL_16: each partial
-    # is in out's dtype, in the first half of its f32 row (element offsets doubled in that view).
+    # so the combine pays one memory latency instead of one per split.
     if PDL:  # launched before the split kernel finished: wait for it (and its stores) here
         gdc_wait()
     pid = tl.program_id(0)
@@ -82,12 +81,8 @@ def _flashmla_combine_kernel(
     w = tl.exp(lse_s - m_ref)  # 0 for empty and unused splits
     w_sum = tl.sum(w, 0)
     d = tl.arange(0, D_NOPE)
-    o_off = row * stride_wr + s_offs[:, None] * stride_ws + h * stride_wh
-    if PARTIAL_16:
-        o_ptrs = ws_out_ptr.to(tl.pointer_type(out_ptr.dtype.element_ty)) + 2 * o_off + d[None, :]
-    else:
-        o_ptrs = ws_out_ptr + o_off + d[None, :]
-    o_s = tl.load(o_ptrs, mask=s_mask[:, None], other=0.0).to(tl.float32)
+    o_ptrs = ws_out_ptr + row * stride_wr + s_offs[:, None] * stride_ws + h * stride_wh + d[None, :]
+    o_s = tl.load(o_ptrs, mask=s_mask[:, None], other=0.0)
     out = tl.sum(w[:, None] * o_s, 0) / tl.where(w_sum == 0.0, 1.0, w_sum)
     lse = tl.where(w_sum == 0.0, float("-inf"), m_ref + tl.log(tl.where(w_sum == 0.0, 1.0, w_sum)))
     tl.store(out_ptr + (row * H + h) * D_NOPE + d, out.to(out_ptr.dtype.element_ty))
@@ -120,10 +115,6 @@ CLUSTER_MERGE_KERNELS = ("wgmma_rr", "wgmma_ws")
 # 10.06 us, docs/benchmarks.md) and the splits go through the combine.
 PARTIAL_NATIVE_KERNELS = ("wgmma_rr", "wgmma_ws")
 NATIVE_HEADS = 16  # the rows of one warp of a wgmma accumulator
-# Gluon kernels that can store head-major split partials in q's dtype (``PARTIAL_16``), which
-# ``_flashmla_combine_kernel`` then reads so, where the launch setting says ``partial_16`` (sm_90:
-# wgmma_tn, whose partials the native order does not cover).
-PARTIAL_16_KERNELS = ("wgmma_tn",)
 # Gluon kernels that can gather FP8 tokens into a ring of raw slots of their own (``RING``), where
 # the launch setting says ``fp8_ring`` (the slots) and a split has at most ``ring_max_tiles``
 # KV tiles (sm_90: wgmma_tn, three slots at 16 heads and two at 32).
@@ -212,8 +203,6 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
                 cmeta["PARTIAL_16"] = 1
             combine_fn, combine_grid = _gluon(*NATIVE_COMBINE), rows * head_blocks * (D_V // 8)
         else:
-            if cfg.get("partial_16") and name in PARTIAL_16_KERNELS:
-                meta["PARTIAL_16"] = cmeta["PARTIAL_16"] = 1
             combine_fn, combine_grid = _flashmla_combine_kernel, rows * heads
         combine = make_launch(combine_fn, (combine_grid,),
                               BLOCK_S=max(2, triton.next_power_of_2(splits)), D_NOPE=D_V, **cmeta, **copts)

@@ -71,7 +71,7 @@ def _consumer_t(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_
                 H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                 stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
                 BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-                DIRECT: gl.constexpr, KV_FP8: gl.constexpr, WG: gl.constexpr, PARTIAL_16: gl.constexpr = 0):
+                DIRECT: gl.constexpr, KV_FP8: gl.constexpr, WG: gl.constexpr):
     """Consumer warpgroup ``WG``: tiles ``t % 2 == WG`` (slot ``WG``), whole; then the two
     outputs merged, output columns ``[WG * 256, WG * 256 + 256)`` stored (and lse by consumer 0)."""
     q_nope, q_rope, k_nope, k_rope, p_buf, stats, k_raw, k_scale, k_rope_bits, k_scale_rows = smem
@@ -135,8 +135,7 @@ def _consumer_t(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_
                + _merge_view(k_nope, 1 - WG, D_NOPE, BLOCK_H).slice(WG * HALF + c, BLOCK_N, dim=0).load(s_layout)
                * w1[None, :])
         d = WG * HALF + c + gl.arange(0, BLOCK_N, layout=tok_s)
-        _store_out_t(out, h, h_ok, d, row, split, H, out_ptr, ws_out_ptr, stride_wr, stride_ws, stride_wh, D_NOPE, DIRECT,
-                     PARTIAL_16)
+        _store_out_t(out, h, h_ok, d, row, split, H, out_ptr, ws_out_ptr, stride_wr, stride_ws, stride_wh, D_NOPE, DIRECT)
     if WG == 0:
         _store_lse_t(lse, h, h_ok, row, split, H, lse_ptr, ws_lse_ptr, stride_lr, stride_ls, DIRECT)
 
@@ -146,7 +145,7 @@ def _consumer_ring(smem, bars, idx_ptr, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr
                    H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                    stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
                    BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
-                   DIRECT: gl.constexpr, RING: gl.constexpr, WG: gl.constexpr, PARTIAL_16: gl.constexpr = 0):
+                   DIRECT: gl.constexpr, RING: gl.constexpr, WG: gl.constexpr):
     """Consumer warpgroup ``WG`` of the FP8 ring (``RING``): every tile, with the other consumer.
     Each dequantises half of the tile's tokens (``[WG * 32, WG * 32 + 32)``) from the ring slot
     into the one bf16 tile, both compute the tile's scores and softmax (the same values: nothing
@@ -215,8 +214,7 @@ def _consumer_ring(smem, bars, idx_ptr, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr
     h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=col_s)
     h_ok = h < H  # heads >= H exist only in this program: never stored
     d = WG * HALF + gl.arange(0, HALF, layout=tok_s)
-    _store_out_t(out, h, h_ok, d, row, split, H, out_ptr, ws_out_ptr, stride_wr, stride_ws, stride_wh, D_NOPE, DIRECT,
-                     PARTIAL_16)
+    _store_out_t(out, h, h_ok, d, row, split, H, out_ptr, ws_out_ptr, stride_wr, stride_ws, stride_wh, D_NOPE, DIRECT)
     if WG == 0:
         _store_lse_t(lse, h, h_ok, row, split, H, lse_ptr, ws_lse_ptr, stride_lr, stride_ls, DIRECT)
 
@@ -244,26 +242,14 @@ def _softmax_t(s, idx_s, pool, qk_scale, m, l_part, acc, p_buf):
 
 @gluon.jit
 def _store_out_t(out, h, h_ok, d, row, split, H, out_ptr, ws_out_ptr, stride_wr, stride_ws, stride_wh,
-                 D_NOPE: gl.constexpr, DIRECT: gl.constexpr, PARTIAL_16: gl.constexpr = 0):
+                 D_NOPE: gl.constexpr, DIRECT: gl.constexpr):
     """Output columns ``d`` of heads ``h`` (``out``: ``[len(d), BLOCK_H]`` f32): the final output
-    in its dtype with ``DIRECT``, else this split's partial (``PARTIAL_16``: in the output's dtype,
-    in the first half of the head's f32 workspace row, as ``_flashmla_combine_kernel`` reads it);
-    only heads ``h_ok`` (``h < H``: the others exist only in this program) are stored."""
+    in its dtype with ``DIRECT``, else this split's partial; only heads ``h_ok`` (``h < H``: the
+    others exist only in this program) are stored."""
     o_mask = h_ok[None, :]
     if DIRECT:
         rh = row.to(gl.int64) * H + h
         gl.store(out_ptr + rh[None, :] * D_NOPE + d[:, None], out.to(out_ptr.dtype.element_ty), mask=o_mask)
-    elif PARTIAL_16:
-        # From the accumulator a thread holds two heads' values in 8 rows: 16-bit stores of 2
-        # bytes. In this layout it holds 8 consecutive columns of one head: one 16-byte store.
-        st: gl.constexpr = gl.BlockedLayout(size_per_thread=[8, 1], threads_per_warp=[8, 4], warps_per_cta=[1, 4],
-                                            order=[0, 1])
-        dtype: gl.constexpr = out_ptr.dtype.element_ty
-        o16 = gl.convert_layout(out.to(dtype), st)
-        d16 = gl.convert_layout(d, gl.SliceLayout(1, st))
-        h16 = gl.convert_layout(h, gl.SliceLayout(0, st))
-        w_base = ws_out_ptr.to(gl.pointer_type(dtype)) + 2 * (row.to(gl.int64) * stride_wr + split * stride_ws)
-        gl.store(w_base + 2 * h16[None, :] * stride_wh + d16[:, None], o16, mask=(h16 < H)[None, :])
     else:
         w_base = ws_out_ptr + row.to(gl.int64) * stride_wr + split * stride_ws
         gl.store(w_base + h[None, :] * stride_wh + d[:, None], out, mask=o_mask)
@@ -300,15 +286,13 @@ def _flashmla_tn_kernel(
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     STAGES: gl.constexpr, DIRECT: gl.constexpr, KV_FP8: gl.constexpr = 0, LAUNCH_DEPENDENTS: gl.constexpr = 0,
-    RING: gl.constexpr = 0, PARTIAL_16: gl.constexpr = 0,
+    RING: gl.constexpr = 0,
 ):
     """Arguments, grid and outputs as ``_flashmla_split_kernel`` (graphattn.kernels.flashmla)
     with ``BLOCK_H`` 16 or 32; launch with ``num_warps=4`` and ``maxnreg=168`` (12 warps run:
     producer, two consumers). ``KV_FP8=1``: 656-byte e4m3fn tokens (see wgmma_ws). ``RING=R``
     (FP8 only): the tokens' bytes land in a ring of ``R`` slots of their own, and both
-    consumers work on every tile in one bf16 tile (:func:`_consumer_ring`). ``PARTIAL_16=1`` (with
-    splits): the partials are stored in q's dtype, for ``_flashmla_combine_kernel``'s
-    ``PARTIAL_16`` (:func:`_store_out_t`)."""
+    consumers work on every tile in one bf16 tile (:func:`_consumer_ring`)."""
     gl.static_assert((BLOCK_H == 16) | (BLOCK_H == 32), "heads on the wgmma's N side: 16 or 32 per program")
     gl.static_assert(BLOCK_N == 64, "tokens on the wgmma's M side: one M tile per KV tile")
     gl.static_assert(STAGES == 2, "two KV slots, one per consumer")
@@ -325,7 +309,7 @@ def _flashmla_tn_kernel(
         _tn_ring(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                  H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                  stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-                 BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, RING, PARTIAL_16)
+                 BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, RING)
     else:
         smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         # P^T [64 tokens, BLOCK_H]: the wgmma's B operand, heads contiguous (rows of 32 or 64 bytes).
@@ -367,11 +351,11 @@ def _flashmla_tn_kernel(
             (_consumer_t, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                            H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                            stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                           stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 0, PARTIAL_16)),
+                           stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 0)),
             (_consumer_t, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                            H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                            stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                           stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 1, PARTIAL_16)),
+                           stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 1)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -380,7 +364,7 @@ def _tn_ring(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
              H, pool, qk_scale, row, hb, split, start, end, n_tiles,
              stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
              BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-             DIRECT: gl.constexpr, RING: gl.constexpr, PARTIAL_16: gl.constexpr = 0):
+             DIRECT: gl.constexpr, RING: gl.constexpr):
     """``_flashmla_tn_kernel`` with ``RING`` (FP8 tokens): the producer gathers each tile's
     bytes, scales and rope into a ring of ``RING`` slots (41 KB each: three beside q and one
     bf16 tile at 16 heads), freed once both consumers have dequantised the bytes and computed the
@@ -430,9 +414,9 @@ def _tn_ring(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
         (_consumer_ring, (smem, bars, idx_ptr, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr,
                           H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                           stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-                          BLOCK_H, BLOCK_N, D_NOPE, DIRECT, RING, 0, PARTIAL_16)),
+                          BLOCK_H, BLOCK_N, D_NOPE, DIRECT, RING, 0)),
         (_consumer_ring, (smem, bars, idx_ptr, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr,
                           H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                           stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-                          BLOCK_H, BLOCK_N, D_NOPE, DIRECT, RING, 1, PARTIAL_16)),
+                          BLOCK_H, BLOCK_N, D_NOPE, DIRECT, RING, 1)),
     ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
