@@ -44,7 +44,7 @@ def medians(calls: list[dict[str, float]]) -> dict[str, float]:
 def main(specs: list[str], kv_fp8: bool) -> None:
     import torch
 
-    from graphattn.bench.kernels import cold_copies, make_copies, path_fn
+    from graphattn.bench.kernels import capture_calls, cold_copies, make_copies, path_fn
     from graphattn.kernels import flashmla, split_plan
 
     for spec in specs:
@@ -54,15 +54,7 @@ def main(specs: list[str], kv_fp8: bool) -> None:
         copies = cold_copies(r, t, kv_fp8)
         sets = make_copies(r, h, t, copies, kv_fp8=kv_fp8)
         fn = path_fn("flashmla", r, h, t)
-        reps = max(copies, 64)
-        for s in sets[:2]:
-            fn(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for i in range(reps):
-                fn(sets[i % len(sets)])
-        graph.replay()
-        torch.cuda.synchronize()
+        graph = capture_calls(fn, sets, max(copies, 64))
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
                 graph.replay()

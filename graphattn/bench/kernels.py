@@ -121,9 +121,9 @@ def path_fn(path: str, rows: int, heads: int, topk: int) -> Callable[[dict], Any
     return lambda s: sparse_mla_trtllm(s["q"], s["kv"], s["idx"], scale, counter, *ws)
 
 
-def time_graph(fn: Callable[[dict], Any], sets: list[dict], reps: int, replays: int = 3, best: bool = False) -> float:
-    """Seconds per call: ``reps`` calls (cycling ``sets``) captured in one graph, replayed
-    ``replays`` times (the mean; ``best``: the fastest replay's)."""
+def capture_calls(fn: Callable[[dict], Any], sets: list[dict], reps: int) -> torch.cuda.CUDAGraph:
+    """``reps`` calls of ``fn`` (cycling ``sets``) captured in one CUDA graph, after two warm-up
+    calls outside the capture (compiles), replayed once."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -136,6 +136,13 @@ def time_graph(fn: Callable[[dict], Any], sets: list[dict], reps: int, replays: 
             fn(sets[i % len(sets)])
     graph.replay()
     torch.cuda.synchronize()
+    return graph
+
+
+def time_graph(fn: Callable[[dict], Any], sets: list[dict], reps: int, replays: int = 3, best: bool = False) -> float:
+    """Seconds per call: ``reps`` calls (cycling ``sets``) captured in one graph, replayed
+    ``replays`` times (the mean; ``best``: the fastest replay's)."""
+    graph = capture_calls(fn, sets, reps)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     if best:
         times = []
