@@ -1,8 +1,9 @@
 """Where a flashmla call's time goes between its kernels: the kernel table's graph of calls
 (``graphattn.bench.kernels``: cycling cold input copies) replayed under ``torch.profiler``, and
-per call the split kernel's and the combine's durations, the gap from one to the other (negative:
-the combine, a programmatic dependent launch, started first) and from a call's last kernel to
-the next call's first, as medians over the calls. Diagnostic only.
+per call the split kernel's and the combine's durations (a combine launched as a programmatic
+dependent launch starts before the split kernel ends and waits inside), the time from the split
+kernel's end to the combine's, and the gap from a call's last kernel to the next call's first,
+as medians over the calls. Diagnostic only.
 
 Run from the repository root on a GPU:
 ``PYTHONPATH=. python scripts/call_timeline.py 128x1x2048 128x8x2048 [--kv-fp8]``."""
