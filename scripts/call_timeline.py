@@ -51,7 +51,6 @@ def main(specs: list[str], kv_fp8: bool) -> None:
     for spec in specs:
         h, r, t = (int(x) for x in spec.split("x"))
         plan = flashmla.plan_flashmla(r, h, t, split_plan("flashmla", h, t).num_splits, kv_fp8=kv_fp8)
-        split_name = getattr(plan.main.fn, "__name__", None) or plan.main.fn._fn_name
         copies = cold_copies(r, t, kv_fp8)
         sets = make_copies(r, h, t, copies, kv_fp8=kv_fp8)
         fn = path_fn("flashmla", r, h, t)
@@ -62,7 +61,7 @@ def main(specs: list[str], kv_fp8: bool) -> None:
             torch.cuda.synchronize()
         kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
                    if e.device_type == torch.autograd.DeviceType.CUDA and e.name.startswith("_flashmla")]
-        calls = per_call(kernels, split_name)
+        calls = per_call(kernels, plan.main.name)
         if not calls:
             print(f"== {spec}: no kernels seen in the profile of the graph's replays")
             continue

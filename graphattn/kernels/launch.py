@@ -146,9 +146,13 @@ class Launch:
     def __hash__(self) -> int:
         return hash((self.fn, self.grid, tuple(sorted(self.kwargs.items()))))
 
+    @property
+    def name(self) -> str:
+        """The kernel function's name, as profilers and launch errors show it."""
+        return getattr(self.fn, "__name__", None) or getattr(self.fn, "_fn_name", repr(self.fn))
+
     def __repr__(self) -> str:
-        name = getattr(self.fn, "__name__", None) or getattr(self.fn, "_fn_name", repr(self.fn))
-        return f"Launch({name}, grid={self.grid}, {dict(self.kwargs)})"
+        return f"Launch({self.name}, grid={self.grid}, {dict(self.kwargs)})"
 
     @property
     def cluster(self) -> int:
