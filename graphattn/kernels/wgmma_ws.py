@@ -906,12 +906,13 @@ def _flashmla_ws_kernel(
     if CLUSTER or PARTIAL_NATIVE >= 4:  # both consumers have staged (stored) their halves for the producer
         o_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(o_ready, count=2)
+    else:
+        o_ready = q_ready  # unused
     if CLUSTER:
         # the merge's row weights, [2 * 16, 4]: the producer's 4-row passes (_producer_merge)
         o_wts = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_H // MERGE_ROWS, MERGE_ROWS],
                                           gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
     else:
-        o_ready = q_ready  # unused
         o_wts = stat_m
 
     smem = (q_nope, q_rope, k_nope, k_rope, stat_m, stat_l, k_raw, k_scale, k_rope_bits, k_scale_rows)
