@@ -62,7 +62,7 @@ def _flashmla_split_kernel(
 
 @jit
 def _flashmla_combine_kernel(
-    ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr, counter_ptr, H, num_splits,
+    ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr, H, num_splits,
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_S: tl.constexpr, D_NOPE: tl.constexpr, PDL: tl.constexpr = 0,
 ):
@@ -204,10 +204,6 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
             combine_fn, combine_grid = _gluon(*NATIVE_COMBINE), rows * head_blocks * (D_V // 8)
         else:
             combine_fn, combine_grid = _flashmla_combine_kernel, rows * heads
-        if cfg.get("combine_spin") and meta.get("PARTIAL_NATIVE"):  # EXPERIMENT: counters, not the grid's end
-            meta["PARTIAL_NATIVE"] += 4
-            cmeta.update(SPIN=1, PDL=1)
-            copts["launch_pdl"] = True
         combine = make_launch(combine_fn, (combine_grid,),
                               BLOCK_S=max(2, triton.next_power_of_2(splits)), D_NOPE=D_V, **cmeta, **copts)
         # A combine launched as a programmatic dependent launch may start on the SMs the split
@@ -246,34 +242,19 @@ def bind_flashmla(plan: LaunchPlan, indices, sm_scale: float, ws_out, ws_lse) ->
     heads, topk, split_len, splits = plan.heads, plan.topk, plan.split_len, plan.splits
     qk_scale, idx_stride = sm_scale * LOG2E, indices.stride(0)
     idx_p, wo_p, wl_p = indices.data_ptr(), ws_out.data_ptr(), ws_lse.data_ptr()  # fixed: see above
-    spin = combine is not None and plan.combine.kwargs.get("SPIN")
-    counters = _experiment_counters(ws_lse.device) if spin else ws_lse
-    ct_p = counters.data_ptr()
 
     def call(q, kv, dst=None):
         out, lse = empty_outputs(q) if dst is None else dst
         if not plan.rows:
             return out, lse
         key, qs, kv_stride, (q_p, kv_p, out_p, lse_p) = call_key(q, kv, out, lse)
-        last, last_p = (counters, ct_p) if spin else (lse, lse_p)  # EXPERIMENT: the split kernel's counters
-        main.run(key, (q, kv, indices, ws_out, ws_lse, out, last), (q_p, kv_p, idx_p, wo_p, wl_p, out_p, last_p),
+        main.run(key, (q, kv, indices, ws_out, ws_lse, out, lse), (q_p, kv_p, idx_p, wo_p, wl_p, out_p, lse_p),
                  heads, kv.shape[0], topk, split_len, splits, qk_scale, qs[0], qs[1], kv_stride, idx_stride, *ws)
         if combine is not None:
-            combine.run(key, (ws_out, ws_lse, out, lse, counters), (wo_p, wl_p, out_p, lse_p, ct_p), heads, splits,
-                        *ws)
+            combine.run(key, (ws_out, ws_lse, out, lse), (wo_p, wl_p, out_p, lse_p), heads, splits, *ws)
         return out, lse
 
     return call
-
-
-_COUNTERS: dict = {}
-
-
-def _experiment_counters(device) -> torch.Tensor:
-    """EXPERIMENT: one zeroed int32 counter per (row, head block), as f32 bits, per device."""
-    if device not in _COUNTERS:
-        _COUNTERS[device] = torch.zeros(1 << 16, dtype=torch.int32, device=device).view(torch.float32)
-    return _COUNTERS[device]
 
 
 def run_flashmla(plan: LaunchPlan, q, kv, indices, sm_scale: float, ws_out, ws_lse):

@@ -43,39 +43,6 @@ def _gdc_wait():
 
 
 @gluon.jit
-def _counter_arrive(counter_ptr):
-    """The first thread of each warpgroup: ``fence.acq_rel.gpu``, then adds 1 to ``*counter_ptr``
-    (int32): after a barrier of the warpgroup, its stores are then visible to a thread that sees
-    the count (:func:`_counter_wait`)."""
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .b32 t; mov.u32 t, %tid.x; and.b32 t, t, 127; setp.eq.u32 p, t, 0; "
-        "@p fence.acq_rel.gpu; @p red.relaxed.gpu.global.add.s32 [$1], 1; mov.u32 $0, 0; }",
-        "=r,l", [counter_ptr], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _counter_wait(counter_ptr, target):
-    """Thread 0 spins (``ld.acquire.gpu``) until ``*counter_ptr >= target``; the caller's CTA
-    barrier after it passes the acquire on to the other threads."""
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p, w; .reg .b32 t, v; mov.u32 t, %tid.x; setp.ne.u32 p, t, 0; @p bra DONE${:uid}; "
-        "SPIN${:uid}: ld.acquire.gpu.global.b32 v, [$1]; setp.lt.s32 w, v, $2; @w bra SPIN${:uid}; "
-        "DONE${:uid}: mov.u32 $0, 0; }",
-        "=r,l,r", [counter_ptr, target], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _counter_leave(counter_ptr, last):
-    """Thread 0 adds 1 to ``*counter_ptr``; the one whose add found ``last`` (every reader has
-    left) sets it back to 0 for the next launch."""
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p, q; .reg .b32 t, o; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; mov.u32 o, -1; "
-        "@p atom.relaxed.gpu.global.add.s32 o, [$1], 1; setp.eq.s32 q, o, $2; "
-        "@q st.relaxed.gpu.global.b32 [$1], 0; mov.u32 $0, 0; }",
-        "=r,l,r", [counter_ptr, last], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _cluster_arrive(RELEASE: gl.constexpr):
     """``barrier.cluster.arrive`` in every thread (``RELEASE``: this thread's earlier stores are
     visible to the threads of the cluster that pass the matching :func:`_cluster_wait`)."""

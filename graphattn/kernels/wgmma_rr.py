@@ -44,7 +44,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from .wgmma import (
     _async_load,
     _cluster_arrive,
-    _counter_arrive,
     _cta_barrier,
     _launch_dependents,
     _load_indices,
@@ -101,15 +100,14 @@ def _producer_rr(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out
                  H, pool, qk_scale, row, hb, split, start, end, n_rounds,
                  stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
                  BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-                 DIRECT: gl.constexpr, CLUSTER: gl.constexpr = 0, IDX_EARLY: gl.constexpr = 0,
-                 NATIVE: gl.constexpr = 0):
+                 DIRECT: gl.constexpr, CLUSTER: gl.constexpr = 0, IDX_EARLY: gl.constexpr = 0):
     """Default partition: per round, the four halves in the order the consumers free them
     (``ready``/``free`` index: slot * 2 + half, 0 = L, 1 = R); with ``CLUSTER``, then its
     arrival on the cluster barrier the consumers' merge waits at (see ``_finish``).
     ``IDX_EARLY``: the split's indices asked of L2 first, and each round's loaded a round ahead,
     before the waits for free halves (see ``_flashmla_rr_kernel``)."""
     q_nope, q_rope, k_nope, k_rope, p1, stat_m, stat_l = smem
-    q_ready, ready, free, m0_ready, m1_ready, s0_ready, s1_ready, l_ready, done = bars
+    q_ready, ready, free, m0_ready, m1_ready, s0_ready, s1_ready, l_ready = bars
     TILE: gl.constexpr = BLOCK_N // 2
     idx_row_ptr = idx_ptr + row.to(gl.int64) * stride_ir
     if IDX_EARLY:
@@ -143,9 +141,6 @@ def _producer_rr(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out
                          1, D_NOPE, D_ROPE)
             _gather_half(kv_ptr, rows1, valid1, k_nope.index(1), k_rope.index(1), ready.index(2), free.index(2), ph,
                          0, D_NOPE, D_ROPE)
-    if NATIVE >= 4:  # EXPERIMENT: both consumers have stored their partials
-        mbarrier.wait(done, 0)
-        _counter_arrive(lse_ptr.to(gl.pointer_type(gl.int32)) + row * ((H + BLOCK_H - 1) // BLOCK_H) + hb)
     if CLUSTER:
         _cluster_arrive(0)
 
@@ -188,7 +183,7 @@ def _consumer_rr(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out
                  DIRECT: gl.constexpr, WG: gl.constexpr, CLUSTER: gl.constexpr = 0, NATIVE: gl.constexpr = 0):
     """Consumer ``WG``: tile ``k{WG}`` of every round and output columns ``[WG * 256, WG * 256 + 256)``."""
     q_nope, q_rope, k_nope, k_rope, p1, stat_m, stat_l = smem
-    q_ready, ready, free, m0_ready, m1_ready, s0_ready, s1_ready, l_ready, done = bars
+    q_ready, ready, free, m0_ready, m1_ready, s0_ready, s1_ready, l_ready = bars
     HALF: gl.constexpr = D_NOPE // 2
     TILE: gl.constexpr = BLOCK_N // 2
     dtype: gl.constexpr = q_nope.dtype
@@ -276,7 +271,7 @@ def _consumer_rr(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out
     # Both hold their outputs and sums at the last round's max: add the sums, store.
     _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr, row, hb, split, H,
             stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, row_s, o_layout, BLOCK_H, D_NOPE, DIRECT, WG,
-            CLUSTER, stat_m, NATIVE, done)
+            CLUSTER, stat_m, NATIVE)
 
 
 @gluon.jit
@@ -333,8 +328,6 @@ def _flashmla_rr_kernel(
     s0_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     s1_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     l_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # EXPERIMENT
-    mbarrier.init(done, count=2)
     mbarrier.init(q_ready, count=128)  # one cp.async arrival per thread of consumer 0
     for i in gl.static_range(4):
         mbarrier.init(ready.index(i), count=128)  # one cp.async arrival per producer thread
@@ -347,12 +340,12 @@ def _flashmla_rr_kernel(
         mbarrier.init(l_ready.index(i), count=1)
 
     smem = (q_nope, q_rope, k_nope, k_rope, p1, stat_m, stat_l)
-    bars = (q_ready, ready, free, m0_ready, m1_ready, s0_ready, s1_ready, l_ready, done)
+    bars = (q_ready, ready, free, m0_ready, m1_ready, s0_ready, s1_ready, l_ready)
     gl.warp_specialize([
         (_producer_rr, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                         H, pool, qk_scale, row, hb, split, start, end, n_rounds,
                         stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                        stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, CLUSTER, IDX_EARLY, PARTIAL_NATIVE)),
+                        stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, CLUSTER, IDX_EARLY)),
         (_consumer_rr, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                         H, pool, qk_scale, row, hb, split, start, end, n_rounds,
                         stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,

@@ -65,9 +65,6 @@ from .wgmma import (
     _async_load,
     _cluster_arrive,
     _cluster_wait,
-    _counter_arrive,
-    _counter_leave,
-    _counter_wait,
     _cta_barrier,
     _gather_tile,
     _gdc_wait,
@@ -114,7 +111,7 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
               stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
               DIRECT: gl.constexpr, KV_FP8: gl.constexpr, CLUSTER: gl.constexpr = 0, o_ready=None,
-              o_wts=None, SLOTS: gl.constexpr = 2, SIGNAL: gl.constexpr = 0):
+              o_wts=None, SLOTS: gl.constexpr = 2):
     """Default partition (4 warps): every KV tile of the split into its slot, and for wgmma_tn
     (``BLOCK_H`` 16 or 32) q first (wgmma_ws's consumer 0 loads its q: :func:`_load_q_first`,
     so the first tile's gather goes out without waiting behind q's copies). With
@@ -150,9 +147,6 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
         _async_copy.mbarrier_arrive(kv_ready.index(slot), increment_count=False)
         n_next = start + (j + 1) * BLOCK_N
         idx_a, idx_b = _tile_indices(idx_row_ptr, n_next, end, BLOCK_N, KV_FP8, GATHER_N, GATHER_R)
-    if SIGNAL:  # EXPERIMENT: both consumers have stored their partials
-        mbarrier.wait(o_ready, 0)
-        _counter_arrive(lse_ptr.to(gl.pointer_type(gl.int32)) + row * ((H + BLOCK_H - 1) // BLOCK_H) + hb)
     if CLUSTER:  # the two splits' merge, once both consumers have staged their halves
         mbarrier.wait(o_ready, 0)
         _producer_merge(q_nope, k_nope, stat_m, o_wts, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr, row, hb, split, H,
@@ -425,14 +419,14 @@ def _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
     else:
         _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr, row, hb, split, H,
                 stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, row_s, o_layout, BLOCK_H, D_NOPE, DIRECT, WG,
-                0, None, NATIVE, o_ready)
+                0, None, NATIVE)
 
 
 @gluon.jit
 def _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr, row, hb, split, H,
             stride_wr, stride_ws, stride_wh, stride_lr, stride_ls, row_s: gl.constexpr, o_layout: gl.constexpr,
             BLOCK_H: gl.constexpr, D_NOPE: gl.constexpr, DIRECT: gl.constexpr, WG: gl.constexpr,
-            CLUSTER: gl.constexpr = 0, stat_w=None, NATIVE: gl.constexpr = 0, done=None):
+            CLUSTER: gl.constexpr = 0, stat_w=None, NATIVE: gl.constexpr = 0):
     """Consumer ``WG``'s end: add the other consumer's row sum ``l`` (both at the row max ``m``),
     then store its half of the normalised output (``acc`` ``[BLOCK_H, 256]``, columns ``WG *
     256``) and, consumer 0, the lse: the final ``out``/``lse`` (``DIRECT``) or a split's partial.
@@ -465,10 +459,7 @@ def _finish(acc, m, l, stat_l, l_ready, q_nope, out_ptr, lse_ptr, ws_out_ptr, ws
             gl.store(lse_ptr + row.to(gl.int64) * H + h_s, lse, mask=h_s < H)
     else:
         _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, stride_wr, stride_ws, stride_wh,
-                       stride_lr, stride_ls, o_layout, BLOCK_H, HALF, WG, WG == 0, NATIVE % 4, out_ptr.dtype.element_ty)
-        if NATIVE >= 4:  # EXPERIMENT: both consumers' stores done -> the producer arrives on the counter
-            _cta_barrier()
-            mbarrier.arrive(done)
+                       stride_lr, stride_ls, o_layout, BLOCK_H, HALF, WG, WG == 0, NATIVE, out_ptr.dtype.element_ty)
 
 
 @gluon.jit
@@ -629,10 +620,9 @@ def _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, str
 
 @gluon.jit
 def _flashmla_combine_native_kernel(
-    ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr, counter_ptr, H, num_splits,
+    ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr, H, num_splits,
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_S: gl.constexpr, D_NOPE: gl.constexpr, PDL: gl.constexpr = 0, PARTIAL_16: gl.constexpr = 0,
-    SPIN: gl.constexpr = 0,
 ):
     """flashmla's combine of partials stored in the accumulator's order (``NATIVE`` of
     :func:`_store_partial`; ``H`` a multiple of 16): ``out`` ``[rows, H, D_NOPE]`` in q's dtype and
@@ -654,19 +644,14 @@ def _flashmla_combine_native_kernel(
                                         warps_per_cta=[1, 4, 1], order=[2, 1, 0])
     L2: gl.constexpr = gl.SliceLayout(2, L3)  # [BLOCK_S, 64]: the splits' lse
     LO: gl.constexpr = gl.SliceLayout(0, L3)  # [64, 8]: the output
+    if PDL:  # launched before the split kernel finished: wait for it (and its stores) here
+        _gdc_wait()
     RUNS: gl.constexpr = D_NOPE // 8
     pid = gl.program_id(0)
     g = pid % RUNS
     n_hb = (H + 63) // 64
     hb = (pid // RUNS) % n_hb
     row = (pid // (RUNS * n_hb)).to(gl.int64)
-    if SPIN:  # EXPERIMENT: wait for this (row, head block)'s splits, one arrival each
-        counter = counter_ptr + row * n_hb + hb
-        _counter_wait(counter, num_splits)
-        _cta_barrier()
-    elif PDL:  # launched before the split kernel finished: wait for it (and its stores) here
-        _gdc_wait()
-    CACHE: gl.constexpr = ".cg" if SPIN else ""
     R = gl.minimum(H - hb * 64, 64)  # the block's heads (a partly-masked last block stores only its own)
     s = gl.expand_dims(gl.arange(0, BLOCK_S, layout=gl.SliceLayout(1, L2)), 1)
     k1 = gl.arange(0, 64, layout=gl.SliceLayout(0, L2))
@@ -684,10 +669,10 @@ def _flashmla_combine_native_kernel(
     wide: gl.constexpr = 2 if PARTIAL_16 else 1
     run = run + g * 8 * R
     o_s = gl.load(run + gl.expand_dims(wide * s * stride_ws + k * 8, 2) + gl.expand_dims(gl.expand_dims(c, 0), 0),
-                  mask=gl.expand_dims(sk_mask, 2), other=0.0, cache_modifier=CACHE).to(gl.float32)  # [BLOCK_S, 64, 8]
+                  mask=gl.expand_dims(sk_mask, 2), other=0.0).to(gl.float32)  # [BLOCK_S, 64, 8]
     h1 = hb * 64 + _native_head(k1, R)
     lse_s = gl.load(ws_lse_ptr + row * stride_lr + s * stride_ls + gl.expand_dims(h1, 0), mask=sk_mask,
-                    other=float("-inf"), cache_modifier=CACHE)
+                    other=float("-inf"))
     m = gl.max(lse_s, axis=0)
     m_ref = gl.where(m == float("-inf"), 0.0, m)
     w2 = gl.exp(lse_s - gl.expand_dims(m_ref, 0))  # 0 for empty and unused splits
@@ -702,9 +687,6 @@ def _flashmla_combine_native_kernel(
         l = gl.sum(w2, axis=0)  # [64], in the lse's layout
         lse = gl.where(l == 0.0, float("-inf"), m_ref + gl.log(gl.where(l == 0.0, 1.0, l)))
         gl.store(lse_ptr + row * H + h1, lse, mask=k1 < R)
-    if SPIN:  # the last reader resets the count; the kernel ends after the split kernel
-        _counter_leave(counter, num_splits + RUNS - 1)
-        _gdc_wait()
 
 
 @gluon.jit
@@ -903,16 +885,14 @@ def _flashmla_ws_kernel(
         mbarrier.init(p_ready.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(l_ready.index(i), count=1)
-    if CLUSTER or PARTIAL_NATIVE >= 4:  # both consumers have staged (stored) their halves for the producer
+    if CLUSTER:  # both consumers have staged their halves for the producer's merge
         o_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(o_ready, count=2)
-    else:
-        o_ready = q_ready  # unused
-    if CLUSTER:
         # the merge's row weights, [2 * 16, 4]: the producer's 4-row passes (_producer_merge)
         o_wts = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_H // MERGE_ROWS, MERGE_ROWS],
                                           gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
     else:
+        o_ready = q_ready  # unused
         o_wts = stat_m
 
     smem = (q_nope, q_rope, k_nope, k_rope, stat_m, stat_l, k_raw, k_scale, k_rope_bits, k_scale_rows)
@@ -924,8 +904,7 @@ def _flashmla_ws_kernel(
         (_producer, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                      H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                      stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, CLUSTER, o_ready, o_wts, 2,
-                     PARTIAL_NATIVE >= 4)),
+                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, CLUSTER, o_ready, o_wts)),
         (_consumer, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                      H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                      stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
