@@ -7,7 +7,8 @@ kernel=wgmma_rr,BLOCK_N=128 [--kv-fp8] [--shapes 128x64x2048 ...]`` runs each va
 alternating, each in a fresh process of at most 150 s. A variant is ``base`` (no override) or
 ``KEY=VALUE`` pairs joined by commas (ints where they parse); ``PTX_L2_PREFETCH=128`` or ``256``
 is no launch setting but a PTX rewrite giving the kernels' ``cp.async`` copies that L2 prefetch
-size. ``tn_min_rows_H=ROWS`` is no launch setting either: it sets ``TN_MIN_ROWS[H]`` of
+size, and ``CARVEOUT=100`` gives every compiled kernel that preferred shared-memory carveout
+(percent). ``tn_min_rows_H=ROWS`` is no launch setting either: it sets ``TN_MIN_ROWS[H]`` of
 graphattn.cuda.configs, the rows from which ``H``-head blocks (16 or 32) run ``wgmma_tn`` (with
 ``kernel=...`` naming the kernel the shapes then run). ``--kv-fp8``: 656-byte FP8 tokens. A
 process first checks launches at topk 2077 where the kernel runs (:func:`checks_for`: by
@@ -125,10 +126,37 @@ def _l2_prefetch_ptx(size: int) -> None:
     knobs.runtime.add_stages_inspection_hook = hook
 
 
+def _carveout(percent: int) -> None:
+    """Give every kernel this process compiles the preferred shared-memory carveout ``percent``
+    (``cuFuncSetAttribute(..., CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT)``, 100: the
+    most shared memory), set once per compiled function as its first launch returns it."""
+    import ctypes
+
+    from graphattn.kernels import launch
+
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    done: set[int] = set()
+    plain = launch.Launch.__call__
+
+    def call(self, *args):
+        kernel = plain(self, *args)
+        function = getattr(kernel, "function", None)
+        if function is not None and function not in done:
+            err = libcuda.cuFuncSetAttribute(ctypes.c_void_p(function), 9, ctypes.c_int(percent))
+            if err:
+                raise RuntimeError(f"cuFuncSetAttribute(carveout {percent}) failed: CUresult {err}")
+            done.add(function)
+        return kernel
+
+    launch.Launch.__call__ = call
+
+
 def apply_script_settings(settings: dict) -> dict:
     """Apply, in this process, the variant's keys that are no launch setting (``PTX_L2_PREFETCH``,
-    ``tn_min_rows_H``); returns the launch-table overrides left."""
+    ``tn_min_rows_H``, ``CARVEOUT``: :func:`_carveout`); returns the launch-table overrides left."""
     settings = dict(settings)
+    if "CARVEOUT" in settings:
+        _carveout(settings.pop("CARVEOUT"))
     if "PTX_L2_PREFETCH" in settings:  # a PTX rewrite (see _l2_prefetch_ptx)
         _l2_prefetch_ptx(settings.pop("PTX_L2_PREFETCH"))
     for key in [k for k in settings if k.startswith("tn_min_rows_")]:  # where wgmma_tn takes over
