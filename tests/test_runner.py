@@ -85,6 +85,29 @@ def test_shrinking_and_growing_batches_match_eager(platform_name, mode):
         victims.append(torch.full((rows, D), SENTINEL))
 
 
+@pytest.mark.parametrize("mode", ["full", "breakable"])
+def test_inputs_written_into_the_static_tensors_are_not_copied(platform_name, mode, monkeypatch):
+    runner, step, meta = make_runner(mode)
+    runner.capture()
+    copied: list[int] = []
+    real_copy = torch._foreach_copy_
+
+    def recording_copy(dst, src, *args, **kwargs):
+        copied.append(len(dst))
+        return real_copy(dst, src, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "_foreach_copy_", recording_copy)
+    for rows, in_place in [(5, ("q", "indices")), (24, ("q",)), (3, ("indices",)), (9, ())]:
+        live = random_step(rows)
+        expected = step(**live)
+        args = {}
+        for name, t in live.items():  # an engine writing its inputs where the graph reads them
+            args[name] = runner.static[name][:rows].copy_(t) if name in in_place else t
+        copied.clear()
+        torch.testing.assert_close(runner.run(**args), expected, msg=f"{mode} rows={rows} in place {in_place}")
+        assert copied == ([2 - len(in_place)] if len(in_place) < 2 else []), (mode, rows, in_place, copied)
+
+
 def test_rows_above_the_largest_bucket_run_eagerly(platform_name):
     runner, step, meta = make_runner("full", buckets=[1, 2, 4, 8])
     runner.capture()

@@ -157,7 +157,8 @@ class GraphRunner:
         # Per-step host work kept small (an engine calls run() every decode step): row views of
         # the static inputs and of each bucket's outputs are made once per row count, and
         # padding rows are refilled only where an earlier, larger step wrote live rows.
-        self._row_views: dict[int, list[torch.Tensor]] = {}
+        # rows -> each static input's first rows, with its data pointer and strides
+        self._row_views: dict[int, list[tuple[torch.Tensor, int, tuple[int, ...]]]] = {}
         self._out_views: dict[tuple[int, int], Any] = {}
         self._padding = PaddingRows()
         # What run() compares each live input with: (all dims but the rows, dtype, device).
@@ -280,6 +281,8 @@ class GraphRunner:
     def run(self, **live: torch.Tensor) -> Any:
         """Run one step on ``live`` inputs ``{name: [rows, ...]}``; returns outputs ``[:rows]``.
 
+        Each live input is copied into its static tensor's first rows, except one that already
+        is them (``runner.static[name][:rows]``, written in place by the caller): no copy then.
         Graph outputs are views of captured memory: the next ``run`` overwrites them, so copy
         what must outlive it. Rows above the largest bucket run ``fn`` eagerly (slices of the
         captured buffers up to the metadata's reserved rows, temporaries beyond them). The
@@ -297,11 +300,21 @@ class GraphRunner:
             self._check_plan(rows, bucket)
         views = self._row_views.get(rows)
         if views is None:
-            views = self._row_views[rows] = [t.narrow(0, 0, rows) for t in self.static.values()]
-        # One launch for every input on a GPU (a multi-tensor copy where the inputs are
-        # contiguous, as _live_rows made their dtypes and devices the static ones'), not one
-        # launch each: a copy launch costs ~5 µs of host time.
-        torch._foreach_copy_(views, [live[name] for name in self.static])
+            views = self._row_views[rows] = [(t.narrow(0, 0, rows), t.data_ptr(), t.stride())
+                                             for t in self.static.values()]
+        # An input that is its static tensor's first rows already (an engine that writes its
+        # inputs into ``runner.static``) is not copied onto itself. The rest go in one launch on
+        # a GPU (a multi-tensor copy where the inputs are contiguous, as _live_rows made their
+        # dtypes and devices the static ones'), not one launch each: a copy launch costs ~5 µs of
+        # host time.
+        dst, src = [], []
+        for (view, ptr, stride), name in zip(views, self.static):
+            t = live[name]
+            if t.data_ptr() != ptr or t.stride() != stride:
+                dst.append(view)
+                src.append(t)
+        if dst:
+            torch._foreach_copy_(dst, src)
         self._padding.pad(rows, bucket, self._pad)
         out = self.graphs[bucket].replay()
         if rows == bucket:
