@@ -12,31 +12,14 @@ topk, shapes where the launch table picks wgmma_rr); ``--by-program`` adds the f
 programs with their SM (``%smid``) and start, by groups of SMs; ``--spread`` launches a second time
 with the rows' index sets rolled and says whether a program's finish follows the program, its
 tokens or its SM."""
-import dataclasses
-import math
 import os
 import sys
 
-from ws_probe import instrument, load_module, report  # this script's folder is on sys.path
+# this script's folder is on sys.path; the same _probe as wgmma_ws's (stamps in the workspace or the output)
+from ws_probe import PROBE, instrument, load_module, probe_launch, report
 
 KERNEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "graphattn", "kernels", "wgmma_rr.py")
-PROBE = '''
 
-@gluon.jit
-def _probe(ws_out_ptr, out_ptr, DIRECT: gl.constexpr, k: gl.constexpr):
-    if DIRECT:  # the workspace is unused
-        p = ws_out_ptr.to(gl.pointer_type(gl.int64)) + gl.program_id(0) * 64
-    else:  # the output is the combine's, which does not run
-        p = out_ptr.to(gl.pointer_type(gl.int64)) + gl.program_id(0) * 64
-    g = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
-    c = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
-    gl.store(p + k, g)
-    gl.store(p + 32 + k, c)
-    if k == 20:  # the producer's start: which SM the program runs on (slot 31)
-        sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        gl.store(p + 31, sm.to(gl.int64))
-
-'''
 # (a line of wgmma_rr.py, the probe put before it) then (a line, the probe put after it); the
 # slot numbers are NAMES'.
 BEFORE = [
@@ -76,43 +59,16 @@ SHIFT = 17  # --spread: rows the second launch's index sets are rolled by
 
 
 def main(specs, by_program=False, spread=False):
-    import torch
-
     load_module(instrumented_source(), "rrprobe")
-    from graphattn.bench.kernels import make_copies
-    from graphattn.common.metadata import GraphMetadata
-    from graphattn.kernels import flashmla, split_plan
-
-    flashmla.GLUON_KERNELS["wgmma_rr"] = ("rrprobe", "_flashmla_rr_kernel")
     for spec in specs:
-        h, r, t = (int(x) for x in spec.split("x"))
-        sets = make_copies(r, h, t, 8)  # the last call's inputs are cold in L2
-        md = GraphMetadata(r, h, t, torch.bfloat16, "cuda", **split_plan("flashmla", h, t).metadata_kwargs())
-        ws_out, ws_lse = md.workspace_for(r)
-        plan = flashmla.plan_flashmla(r, h, t, ws_out.shape[1])
-        assert plan.kernel == "wgmma_rr", f"{spec} runs {plan.kernel}, not wgmma_rr"
-        if plan.main.cluster > 1:  # its CTAs write out and exchange partials through the workspace
-            print(f"== {spec}: skipped, a launch of clusters ({plan.splits} splits merged in the kernel) "
-                  "leaves no buffer for the stamps")
+        got = probe_launch(spec, "wgmma_rr", "rrprobe")
+        if got is None:
+            print(f"== {spec}: skipped, a launch of clusters (two splits merged in the kernel) leaves no buffer "
+                  "for the stamps")
             continue
-        if plan.splits == 1:  # the stamps' room: a workspace the launch leaves alone
-            ws_out = torch.zeros(r, 1, h, 512, device="cuda")
-            ws_lse = torch.empty(r, 1, h, device="cuda")
-        call = flashmla.bind_flashmla(dataclasses.replace(plan, combine=None), sets[0]["idx"], 1 / math.sqrt(576),
-                                      ws_out, ws_lse)
-        out = torch.zeros(r, h, 512, dtype=torch.bfloat16, device="cuda")
-        lse = torch.empty(r, h, device="cuda")
+        plan, launch = got
+        r = int(spec.split("x")[1])
         progs = plan.main.grid[0]
-        stamps = ws_out if plan.splits == 1 else out
-
-        def launch(shift):
-            idx = sets[0]["idx"]
-            for s in sets:
-                idx.copy_(s["idx"].roll(shift, 0) if shift else s["idx"])
-                call(s["q"], s["kv"], (out, lse))
-            torch.cuda.synchronize()
-            return stamps.reshape(-1).view(torch.int64)[: progs * 64].view(progs, 64).cpu().double()
-
         p = launch(0)
         print(f"== {spec}: {progs} programs, {plan.splits} split(s), {plan.main.grid}")
         report(p[:, :32], p[:, 32:], NAMES, 20, [5, 15])

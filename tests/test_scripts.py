@@ -2,8 +2,10 @@
 still apply to the kernels as committed (they run only on a GPU, so a CPU test keeps them honest).
 """
 import importlib.util
+import json
 import os
 import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -20,11 +22,11 @@ def _load(name):
     return module
 
 
-@pytest.mark.parametrize("name,call", [("ws_probe", "_probe(ws_out_ptr, "),
-                                       ("rr_probe", "_probe(ws_out_ptr, out_ptr, DIRECT, ")])
-def test_probe_hooks_every_milestone_once(name, call):
+@pytest.mark.parametrize("name", ["ws_probe", "rr_probe"])
+def test_probe_hooks_every_milestone_once(name):
     """ws_probe (wgmma_ws) and rr_probe (wgmma_rr) still find each anchor exactly once, and every
     milestone they name gets a stamp."""
+    call = "_probe(ws_out_ptr, out_ptr, DIRECT, "
     probe = _load(name)
     src = probe.instrumented_source()  # asserts each anchor is in the kernel exactly once
     compile(src, f"{name}.py", "exec")
@@ -35,6 +37,41 @@ def test_probe_hooks_every_milestone_once(name, call):
         arg = line[len(call):-1]
         slots |= {int(arg.split("+")[1]), 10 + int(arg.split("+")[1])} if "WG" in arg else {int(arg)}
     assert set(probe.NAMES) <= slots, sorted(set(probe.NAMES) - slots)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,kernel,module", [("ws_probe", "flashmla_wgmma_ws", "wsprobe"),
+                                                ("rr_probe", "flashmla_wgmma_rr", "rrprobe")])
+def test_instrumented_probe_kernels_compile_for_sm90(name, kernel, module):
+    """The probes' instrumented kernels compile for sm_90 as a launch with splits runs them (no GPU):
+    each hook sits in a function that has the probe's arguments (a hook in one that lacks them,
+    as ws_probe's merged-sums hook once was, fails here rather than on the device)."""
+    from graphattn.cuda.configs import gluon_available
+
+    if not gluon_available():
+        pytest.skip("this triton has no Gluon")
+    code = f"""
+import json, sys
+sys.path.insert(0, {str(ROOT / "scripts")!r})
+import {name} as probe
+from graphattn.kernels import aot
+probe.load_module(probe.instrumented_source(), {module!r})
+aot.KERNELS[{kernel!r}] = ("graphattn.kernels.{module}",) + aot.KERNELS[{kernel!r}][1:]
+job = next(j for j in aot.jobs(["sm90"]) if j[0] == {kernel!r} and j[4] == "bf16"
+           and j[2].get("PARTIAL_NATIVE") and not j[2].get("KV_FP8"))
+job = (job[0], job[1], {{**job[2], "DIRECT": False}}, job[3], job[4])
+rec = aot.compile_one(job)
+ptx = aot.compile_job(job).asm["ptx"] if rec["ok"] else ""
+print(json.dumps({{"ok": rec["ok"], "error": rec.get("error"), "stamps": ptx.count("globaltimer")}}))
+"""
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    rec = json.loads(lines[-1])
+    assert rec["ok"], rec["error"]
+    assert rec["stamps"] >= len(_load(name).NAMES), rec  # every milestone's globaltimer read is in the PTX
 
 
 def test_rr_probe_tells_what_a_finish_follows(capsys):
