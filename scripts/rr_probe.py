@@ -67,7 +67,6 @@ def main(specs, by_program=False, spread=False):
                   "for the stamps")
             continue
         plan, launch = got
-        r = int(spec.split("x")[1])
         progs = plan.main.grid[0]
         p = launch(0)
         print(f"== {spec}: {progs} programs, {plan.splits} split(s), {plan.main.grid}")
@@ -75,7 +74,7 @@ def main(specs, by_program=False, spread=False):
         if by_program:
             by_sm(p, plan.head_blocks)
         if spread:
-            follows(p, launch(SHIFT % r), r)
+            follows(p, launch(SHIFT % plan.rows), plan.rows)
 
 
 def _from_first_start(p, slot: int):
