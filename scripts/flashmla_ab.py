@@ -8,7 +8,10 @@ alternating, each in a fresh process of at most 150 s. A variant is ``base`` (no
 ``KEY=VALUE`` pairs joined by commas (ints where they parse); ``PTX_L2_PREFETCH=128`` or ``256``
 is no launch setting but a PTX rewrite giving the kernels' ``cp.async`` copies that L2 prefetch
 size, and ``CARVEOUT=100`` gives every compiled kernel that preferred shared-memory carveout
-(percent). ``tn_min_rows_H=ROWS`` is no launch setting either: it sets ``TN_MIN_ROWS[H]`` of
+(percent). ``c_KEY=VALUE`` overrides key ``KEY`` of the combine's launch setting
+(``flashmla_combine``: ``c_PDL=1,c_launch_pdl=1`` makes it a programmatic dependent launch), and
+``C_SMEM=bytes`` launches every combine with that much dynamic shared memory (at least its own),
+which caps how many of its programs share an SM. ``tn_min_rows_H=ROWS`` is no launch setting either: it sets ``TN_MIN_ROWS[H]`` of
 graphattn.cuda.configs, the rows from which ``H``-head blocks (16 or 32) run ``wgmma_tn`` (with
 ``kernel=...`` naming the kernel the shapes then run). ``--kv-fp8``: 656-byte FP8 tokens. A
 process first checks launches at topk 2077 where the kernel runs (:func:`checks_for`: by
@@ -151,10 +154,45 @@ def _carveout(percent: int) -> None:
     launch.Launch.__call__ = call
 
 
+def _combine_smem(size: int) -> None:
+    """Launch every combine (a kernel whose name holds ``combine``) with ``size`` bytes of dynamic
+    shared memory, or its own need where that is more: fewer of its programs fit on an SM, so
+    those a programmatic dependent launch starts early do not crowd onto the few SMs the split
+    kernel leaves idle (``packed_metadata``'s third field is the launch's dynamic shared memory;
+    above 48 KB the function must allow it: ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``)."""
+    import ctypes
+
+    from graphattn.kernels import launch
+
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    done: set[int] = set()
+    plain = launch.Launch.__call__
+
+    def call(self, *args):
+        if "combine" in self.name:
+            kernel = self.fn.warmup(*args, grid=self.grid, **self.kwargs)
+            if hasattr(kernel, "_init_handles"):
+                kernel._init_handles()
+            packed = kernel.packed_metadata
+            if id(kernel) not in done:
+                want = max(size, packed[2])
+                err = libcuda.cuFuncSetAttribute(ctypes.c_void_p(kernel.function), 8, ctypes.c_int(want))
+                if err:
+                    raise RuntimeError(f"cuFuncSetAttribute(dynamic shared {want}) failed: CUresult {err}")
+                kernel.packed_metadata = (*packed[:2], want, *packed[3:])
+                done.add(id(kernel))
+        return plain(self, *args)
+
+    launch.Launch.__call__ = call
+
+
 def apply_script_settings(settings: dict) -> dict:
     """Apply, in this process, the variant's keys that are no launch setting (``PTX_L2_PREFETCH``,
-    ``tn_min_rows_H``, ``CARVEOUT``: :func:`_carveout`); returns the launch-table overrides left."""
+    ``tn_min_rows_H``, ``CARVEOUT``: :func:`_carveout`, ``C_SMEM``: :func:`_combine_smem`);
+    returns the launch-table overrides left (the ``c_`` keys included)."""
     settings = dict(settings)
+    if "C_SMEM" in settings:
+        _combine_smem(settings.pop("C_SMEM"))
     if "CARVEOUT" in settings:
         _carveout(settings.pop("CARVEOUT"))
     if "PTX_L2_PREFETCH" in settings:  # a PTX rewrite (see _l2_prefetch_ptx)
@@ -175,7 +213,10 @@ def run_variant(kernel: str, variant: str, shapes: list[str], kv_fp8: bool = Fal
     from graphattn.kernels.launch import clear_launch_plans
 
     kernel = settings.get("kernel", kernel)  # a variant may pick the kernel itself
-    with current_platform().launch_table.override("flashmla", **settings):
+    combine = {k[2:]: bool(v) if k == "c_launch_pdl" else v for k, v in settings.items() if k.startswith("c_")}
+    settings = {k: v for k, v in settings.items() if not k.startswith("c_")}
+    table = current_platform().launch_table
+    with table.override("flashmla", **settings), table.override("flashmla_combine", **combine):
         clear_launch_plans()
         if checks == ["none"]:
             chosen = []  # a timing-only variant
