@@ -256,7 +256,7 @@ def _split_program(q_ptr, kv_ptr, idx_ptr, H, pool, topk, split_len, num_splits,
 def _finalize(acc, m, l):
     """Normalise one partial: ``out = acc / l`` (0 where l == 0), natural-log lse (−inf there)."""
     empty = l == 0.0
-    out = acc / tl.where(empty, 1.0, l)[:, None]
+    out = acc * (1.0 / tl.where(empty, 1.0, l))[:, None]  # a reciprocal a row, not a division an element
     lse = tl.where(empty, float("-inf"), (m + tl.math.log2(tl.where(empty, 1.0, l))) * 0.6931471805599453)
     return out, lse
 
