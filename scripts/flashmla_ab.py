@@ -11,8 +11,8 @@ size, and ``CARVEOUT=100`` gives every compiled kernel that preferred shared-mem
 (percent). ``c_KEY=VALUE`` overrides key ``KEY`` of the combine's launch setting
 (``flashmla_combine``: ``c_PDL=1,c_launch_pdl=1`` makes it a programmatic dependent launch), and
 ``C_SMEM=bytes`` launches every combine with that much dynamic shared memory (at least its own),
-which caps how many of its programs share an SM. ``tn_min_rows_H=ROWS`` is no launch setting either: it sets ``TN_MIN_ROWS[H]`` of
-graphattn.cuda.configs, the rows from which ``H``-head blocks (16 or 32) run ``wgmma_tn`` (with
+which caps how many of its programs share an SM. ``tn_min_rows_H=ROWS`` is no launch setting
+either: it sets ``TN_MIN_ROWS[H]`` of graphattn.cuda.configs, the rows from which ``H``-head blocks (16 or 32) run ``wgmma_tn`` (with
 ``kernel=...`` naming the kernel the shapes then run). ``--kv-fp8``: 656-byte FP8 tokens. A
 process first checks launches at topk 2077 where the kernel runs (:func:`checks_for`: by
 default 128 heads x 257 rows in one split and x 28 rows in
@@ -129,15 +129,25 @@ def _l2_prefetch_ptx(size: int) -> None:
     knobs.runtime.add_stages_inspection_hook = hook
 
 
+# cuFuncSetAttribute's attributes (cuda.h's CUfunction_attribute)
+_MAX_DYNAMIC_SHARED_SIZE_BYTES, _PREFERRED_SHARED_MEMORY_CARVEOUT = 8, 9
+
+
+def _set_function_attribute(function: int, attribute: int, value: int) -> None:
+    """``cuFuncSetAttribute(function, attribute, value)`` through the driver library."""
+    import ctypes
+
+    err = ctypes.CDLL("libcuda.so.1").cuFuncSetAttribute(ctypes.c_void_p(function), attribute, ctypes.c_int(value))
+    if err:
+        raise RuntimeError(f"cuFuncSetAttribute(attribute {attribute}, {value}) failed: CUresult {err}")
+
+
 def _carveout(percent: int) -> None:
     """Give every kernel this process compiles the preferred shared-memory carveout ``percent``
     (``cuFuncSetAttribute(..., CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT)``, 100: the
     most shared memory), set once per compiled function as its first launch returns it."""
-    import ctypes
-
     from graphattn.kernels import launch
 
-    libcuda = ctypes.CDLL("libcuda.so.1")
     done: set[int] = set()
     plain = launch.Launch.__call__
 
@@ -145,9 +155,7 @@ def _carveout(percent: int) -> None:
         kernel = plain(self, *args)
         function = getattr(kernel, "function", None)
         if function is not None and function not in done:
-            err = libcuda.cuFuncSetAttribute(ctypes.c_void_p(function), 9, ctypes.c_int(percent))
-            if err:
-                raise RuntimeError(f"cuFuncSetAttribute(carveout {percent}) failed: CUresult {err}")
+            _set_function_attribute(function, _PREFERRED_SHARED_MEMORY_CARVEOUT, percent)
             done.add(function)
         return kernel
 
@@ -160,11 +168,8 @@ def _combine_smem(size: int) -> None:
     those a programmatic dependent launch starts early do not crowd onto the few SMs the split
     kernel leaves idle (``packed_metadata``'s third field is the launch's dynamic shared memory;
     above 48 KB the function must allow it: ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``)."""
-    import ctypes
-
     from graphattn.kernels import launch
 
-    libcuda = ctypes.CDLL("libcuda.so.1")
     done: set[int] = set()
     plain = launch.Launch.__call__
 
@@ -176,9 +181,7 @@ def _combine_smem(size: int) -> None:
             packed = kernel.packed_metadata
             if id(kernel) not in done:
                 want = max(size, packed[2])
-                err = libcuda.cuFuncSetAttribute(ctypes.c_void_p(kernel.function), 8, ctypes.c_int(want))
-                if err:
-                    raise RuntimeError(f"cuFuncSetAttribute(dynamic shared {want}) failed: CUresult {err}")
+                _set_function_attribute(kernel.function, _MAX_DYNAMIC_SHARED_SIZE_BYTES, want)
                 kernel.packed_metadata = (*packed[:2], want, *packed[3:])
                 done.add(id(kernel))
         return plain(self, *args)
@@ -213,8 +216,7 @@ def run_variant(kernel: str, variant: str, shapes: list[str], kv_fp8: bool = Fal
     from graphattn.kernels.launch import clear_launch_plans
 
     kernel = settings.get("kernel", kernel)  # a variant may pick the kernel itself
-    combine = {k[2:]: bool(v) if k == "c_launch_pdl" else v for k, v in settings.items() if k.startswith("c_")}
-    settings = {k: v for k, v in settings.items() if not k.startswith("c_")}
+    settings, combine = split_combine_keys(settings)
     table = current_platform().launch_table
     with table.override("flashmla", **settings), table.override("flashmla_combine", **combine):
         clear_launch_plans()
@@ -235,6 +237,13 @@ def run_variant(kernel: str, variant: str, shapes: list[str], kv_fp8: bool = Fal
             print(json.dumps({"variant": variant, "shape": shape, "us": us}), flush=True)
         clear_launch_plans()
     return 0
+
+
+def split_combine_keys(settings: dict) -> tuple[dict, dict]:
+    """``(flashmla's overrides, the combine's)``: the ``c_KEY`` keys become the combine's ``KEY``
+    (``launch_pdl`` a bool, as Triton takes it)."""
+    combine = {k[2:]: bool(v) if k == "c_launch_pdl" else v for k, v in settings.items() if k.startswith("c_")}
+    return {k: v for k, v in settings.items() if not k.startswith("c_")}, combine
 
 
 def _rows_first(shape: str) -> tuple[int, int, int]:

@@ -144,6 +144,18 @@ def test_flashmla_ab_moves_wgmma_tn_rows(monkeypatch):
     assert (pick(16), pick(32)) == ("wgmma_rr", "wgmma_tn")
 
 
+def test_flashmla_ab_combine_keys(monkeypatch):
+    """``c_KEY`` keys of a variant override the combine's launch setting (``launch_pdl`` as a
+    bool), not flashmla's; ``C_SMEM`` is a script setting, applied and taken out."""
+    ab = _load("flashmla_ab")
+    applied = []
+    monkeypatch.setattr(ab, "_combine_smem", applied.append)
+    left = ab.apply_script_settings(ab.parse_variant("c_PDL=1,c_launch_pdl=1,C_SMEM=120000,max_splits=8"))
+    assert applied == [120000] and left == {"c_PDL": 1, "c_launch_pdl": 1, "max_splits": 8}
+    assert ab.split_combine_keys(left) == ({"max_splits": 8}, {"PDL": 1, "launch_pdl": True})
+    assert ab.split_combine_keys({"c_pdl_max_programs": 0}) == ({}, {"pdl_max_programs": 0})
+
+
 def test_flashmla_ab_checks_run_the_kernel_under_test():
     """Each kernel's checks are shapes where sm_90's launch table picks that kernel (a check at
     128 heads would test wgmma_rr while the variants change wgmma_tn), with splits and without."""
