@@ -12,10 +12,10 @@ size, and ``CARVEOUT=100`` gives every compiled kernel that preferred shared-mem
 (``flashmla_combine``: ``c_PDL=1,c_launch_pdl=1`` makes it a programmatic dependent launch), and
 ``C_SMEM=bytes`` launches every combine with that much dynamic shared memory (at least its own),
 which caps how many of its programs share an SM. ``tn_min_rows_H=ROWS`` is no launch setting
-either: it sets ``TN_MIN_ROWS[H]`` of graphattn.cuda.configs, the rows from which ``H``-head blocks (16 or 32) run ``wgmma_tn`` (with
-``kernel=...`` naming the kernel the shapes then run). ``--kv-fp8``: 656-byte FP8 tokens. A
-process first checks launches at topk 2077 where the kernel runs (:func:`checks_for`: by
-default 128 heads x 257 rows in one split and x 28 rows in
+either: it sets ``TN_MIN_ROWS[H]`` of graphattn.cuda.configs, the rows from which ``H``-head
+blocks (16 or 32) run ``wgmma_tn`` (with ``kernel=...`` naming the kernel the shapes then run).
+``--kv-fp8``: 656-byte FP8 tokens. A process first checks launches at topk 2077 where the
+kernel runs (:func:`checks_for`: by default 128 heads x 257 rows in one split and x 28 rows in
 several; indices out of range included, outputs NaN-poisoned) against the float64 reference (of
 the dequantised cache with FP8; ``--checks HEADSxROWSxTOPK ...`` replaces them, ``--checks none``
 skips them for timing-only variants) and exits 1 if one is off or runs another kernel than the
