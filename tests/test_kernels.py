@@ -465,6 +465,44 @@ def test_sm90_two_splits_merge_in_a_cluster(monkeypatch, rows, heads, topk, kv_f
         assert (plan.combine is None) == (plan.splits == 1), where
 
 
+@pytest.mark.parametrize("heads,rows,kv_fp8,programs", [
+    (128, 1, False, 128), (64, 2, False, 128), (96, 1, False, 128),  # wgmma_ws, the native combine
+    (16, 1, False, 16), (64, 1, False, 64),  # the tokens-major tile, the head-major combine
+    (16, 4, False, 64), (16, 8, False, 128), (16, 8, True, 128),  # wgmma_tn
+    (128, 2, False, 0), (128, 8, False, 0), (64, 8, False, 0), (16, 16, False, 0),  # 256-1024 programs
+])
+def test_sm90_combine_of_one_wave_is_a_pdl_one_program_per_sm(monkeypatch, heads, rows, kv_fp8, programs):
+    """On sm_90 flashmla's combine is a programmatic dependent launch wherever it has at most one
+    program per SM (``programs`` of them; 0: more): its programs reserve ``COMBINE_HOLD_SMEM``
+    of shared memory, more than half an SM's, so that, placed while the split kernel runs, no
+    two share an SM, and the split kernel signals them first thing (``LAUNCH_DEPENDENTS``). A
+    larger combine is a plain launch after the split kernel."""
+    cuda_configs = _plan_as_h200(monkeypatch)
+    plan = _fresh_plan(rows, heads, 2048, 32, kv_fp8)
+    combine = plan.combine
+    where = f"[flashmla {heads}x{rows}x2048 fp8={kv_fp8}] {plan.kernel} {combine!r}"
+    assert combine is not None and plan.splits > 1, where
+    assert cuda_configs.COMBINE_HOLD_SMEM * 2 > 228 * 1024, "one program per SM of an H200"
+    if programs:
+        assert combine.grid == (programs,), where
+        assert combine.kwargs["PDL"] == 1 and combine.kwargs["launch_pdl"] is True, where
+        assert combine.kwargs["HOLD_SMEM"] == cuda_configs.COMBINE_HOLD_SMEM, where
+        assert plan.main.kwargs.get("LAUNCH_DEPENDENTS") == 1, where
+    else:
+        assert combine.grid[0] > cuda_configs.SM90_SMS, where
+        assert not {"PDL", "HOLD_SMEM", "launch_pdl"} & set(combine.kwargs), where
+        assert not plan.main.kwargs.get("LAUNCH_DEPENDENTS"), where
+
+
+@pytest.mark.parametrize("capability", [(8, 0), (8, 9)])
+def test_combine_is_a_plain_launch_before_sm90(capability):
+    """griddepcontrol exists from sm_90 on: other NVIDIA GPUs' combine setting has no PDL."""
+    from graphattn.cuda import configs as cuda_configs
+
+    cfg = cuda_configs.kernel_config("flashmla_combine", 1, 128, 2048, capability=capability)
+    assert "pdl_max_programs" not in cfg and "PDL" not in cfg, cfg
+
+
 @pytest.mark.parametrize("heads,rows,want", [
     (16, 4, 16), (1, 4, 16), (16, 512, 16), (17, 64, 32), (32, 1000, 32),  # heads on N
     (16, 3, None), (16, 1, None), (32, 63, None), (33, 512, None), (64, 8, None),  # not there

@@ -271,6 +271,56 @@ def test_cluster_launch_asks_for_clusters_and_says_so_in_the_metadata(fake_trito
         launch.Launch(_FakeClusterJit(None), (8,), {"BLOCK": 32, "CLUSTER": 2})(x, 16, 0.5)
 
 
+class _FakeHoldJit(_FakeClusterJit):
+    """A stand-in combine with a ``HOLD_SMEM`` constexpr (flashmla's combines)."""
+
+    def __init__(self, packed):
+        super().__init__(packed)
+
+        def kernel(x_ptr, n, scale, BLOCK, FLAG=7, HOLD_SMEM=0):
+            pass
+
+        self.signature = inspect.signature(kernel)
+
+
+def test_held_shared_memory_is_reserved_once_and_launched_with(fake_triton, monkeypatch):
+    """A launch with ``HOLD_SMEM`` (flashmla's combine as a programmatic dependent launch, one
+    program per SM) launches with that much dynamic shared memory: the launch table lets the
+    compiled function have it (once: the packed metadata then says so) and both Triton's path
+    and the cached launcher launch with it; a kernel that already needs as much is left alone;
+    a table that cannot reserve any refuses clearly."""
+    from graphattn.common.platform import LaunchTable, current_platform
+
+    allowed = []
+    table = current_platform().launch_table
+    monkeypatch.setattr(type(table), "allow_launch_shared_memory",
+                        lambda self, kernel, nbytes: allowed.append((kernel, nbytes)))
+    fn = _FakeHoldJit((4, 1, 1000))
+    keyed = launch.KeyedLaunch(launch.Launch(fn, (8,), {"BLOCK": 32, "HOLD_SMEM": 120_000}))
+    x = torch.randn(64)
+    for _ in range(3):
+        keyed("k", x, 16, 0.5)
+    assert [e[0] for e in fn.log] == ["warmup", "jit", "cached", "cached"], fn.log
+    assert fn.log[1][1] == (8,), fn.log  # no clusters: the grid as planned
+    assert allowed == [(fn.compiled, 120_000)], allowed
+    assert fn.compiled.packed_metadata == (4, 1, 120_000)
+    assert fn.log[2][1][:6] == (8, 1, 1, 99, "function-handle", (4, 1, 120_000)), fn.log[2]
+    assert fn.log[2][1][-1] == 120_000, fn.log[2]  # the constexpr, as compiled
+    launch.Launch(fn, (8,), {"BLOCK": 32, "HOLD_SMEM": 120_000})(x, 16, 0.5)  # another plan, same kernel
+    assert len(allowed) == 1, allowed
+    big = _FakeHoldJit((4, 1, 200_000))  # its own shared memory is more than the hold
+    launch.Launch(big, (8,), {"BLOCK": 32, "HOLD_SMEM": 120_000})(x, 16, 0.5)
+    assert len(allowed) == 1 and big.compiled.packed_metadata == (4, 1, 200_000)
+    with pytest.raises(RuntimeError, match="HOLD_SMEM"):
+        launch.Launch(_FakeHoldJit(None), (8,), {"BLOCK": 32, "HOLD_SMEM": 120_000})(x, 16, 0.5)
+
+    class Plain(LaunchTable):
+        name = "plain"
+
+    with pytest.raises(NotImplementedError, match="HOLD_SMEM=120000"):
+        Plain().allow_launch_shared_memory(fn.compiled, 120_000)
+
+
 def test_call_key_separates_what_triton_specialises(fake_triton):
     q, kv = torch.randn(2, 4, 576), torch.randn(10, 576)
     out, lse = torch.empty(2, 4, 512), torch.empty(2, 4)

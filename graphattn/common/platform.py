@@ -205,6 +205,14 @@ class LaunchTable:
             else:
                 self._overrides[path] = old
 
+    def allow_launch_shared_memory(self, kernel: Any, nbytes: int) -> None:
+        """Let Triton's compiled ``kernel`` launch with ``nbytes`` of dynamic shared memory per
+        program, more than its code uses (a launch setting's ``HOLD_SMEM``). This table's
+        hardware has no such launch: raises ``NotImplementedError``."""
+        raise NotImplementedError(
+            f"launch table {self.name!r} cannot reserve shared memory for a launch (HOLD_SMEM={nbytes}); "
+            "its settings must not ask for it")
+
     def describe(self) -> dict[str, Any]:
         """The table's identity for logs and ``graphattn list``."""
         return {"launch_table": self.name}

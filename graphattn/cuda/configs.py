@@ -239,16 +239,24 @@ _TILES = (
 # so does flashmla where the Gluon kernel's FP8 variant does not run (not sm_90, or unaligned).
 FP8_NUM_WARPS = {16: 8, 32: 4}
 _COMBINE = {"num_warps": 4, "num_stages": 1}
-# At 1-2 rows and rows x heads <= 128 flashmla's combine is a programmatic dependent launch (sm_90+): the
-# split programs signal first thing (griddepcontrol.launch_dependents), so the combine's
-# programs start on the SMs they leave idle and wait in the kernel (griddepcontrol.wait)
-# instead of after a full launch. Measured (µs, kernel table method, without -> with):
-# 16 x 1 9.51 -> 9.05, 64 x 1 10.50 -> 10.00, 128 x 1 12.75 -> 12.25, 64 x 2 13.05 -> 12.60;
-# with more programs it was slower (128 x 2 16.45 -> 16.73, 16 x 8 15.33 -> 16.46, 64 x 8
-# 20.85 -> 21.95, 32 x 4 13.6 -> 14.1), and without the early signal slower everywhere (16 x 1
-# 9.68, 64 x 8 21.31).
-PDL_MAX_ROWS, PDL_MAX_ROW_HEADS = 2, 128
-_COMBINE_PDL = {**_COMBINE, "PDL": 1, "launch_pdl": True}
+# Where flashmla's combine has at most one program per SM (sm_90+) it is a programmatic dependent
+# launch: the split programs signal first thing (griddepcontrol.launch_dependents), so the
+# combine's programs are placed while the split kernel runs and wait in the kernel
+# (griddepcontrol.wait) instead of after a full launch. Each reserves COMBINE_HOLD_SMEM bytes of
+# shared memory, more than half an SM's (228 KB on the H200), so no two share an SM: placed early
+# they would otherwise crowd onto the SMs the split programs leave idle (128 programs onto 68 SMs
+# at 128 heads x 1 row; onto 4 at 8 rows, where 128 split programs fill the rest). The plan
+# (graphattn.kernels.flashmla) counts the combine's programs against ``pdl_max_programs``.
+# Measured (µs, kernel table method): the PDL at 1-2 rows without the reservation: 16 x 1 9.51 ->
+# 9.05, 64 x 1 10.50 -> 10.00, 128 x 1 12.75 -> 12.25, 64 x 2 13.05 -> 12.60 (and without the
+# early signal slower everywhere: 16 x 1 9.68); at 4-8 rows without it slower (16 x 8 15.33 ->
+# 16.46, 64 x 8 20.85 -> 21.95, 32 x 4 13.6 -> 14.1). With it (thirteenth session, against the
+# rule before, rows <= 2 and rows x heads <= 128): 128 x 1 10.19 -> 10.06, 96 x 1 10.35 -> 10.25,
+# 64 x 2 11.01 -> 10.89, 16 x 1 and 64 x 1 level; 16 x 8 13.41 -> 13.26 and 16 x 4 11.62 -> 11.15
+# (a PDL without it: 14.58, 12.17); one program per SM over wgmma_rr's 512-1024 combine programs
+# at 4-8 rows was 8-24% slower, hence the program count.
+COMBINE_HOLD_SMEM = 120_000
+_COMBINE_PDL_HOST = {"pdl_max_programs": SM90_SMS, "pdl_hold_smem": COMBINE_HOLD_SMEM}
 # "flashmla_triton": flashmla's heads-major Triton tiles only, for inputs that are not 16-byte
 # aligned (neither the wgmma kernel nor the tokens-major tile can take them).
 _PATHS = ("flashmla", "flashmla_triton", "trtllm", "mega", "flashmla_combine")
@@ -271,8 +279,7 @@ def kernel_config(path: str, rows: int = 1, heads: int = 64, topk: int = 2048,
         raise ValueError(f"Unknown kernel path: {path!r}. Valid options are: {', '.join(_PATHS)}")
     if path == "flashmla_combine":
         # griddepcontrol (programmatic dependent launch) exists from sm_90 on
-        pdl = capability[0] >= 9 and rows <= PDL_MAX_ROWS and rows * heads <= PDL_MAX_ROW_HEADS
-        cfg = dict(_COMBINE_PDL if pdl else _COMBINE)
+        cfg = {**_COMBINE, **_COMBINE_PDL_HOST} if capability[0] >= 9 else dict(_COMBINE)
     elif path == "mega":
         cfg = _tiles(heads, kv_fp8)
     else:
@@ -297,8 +304,8 @@ def all_configs(path: str, kv_fp8: bool = False) -> list[dict[str, Any]]:
     """Every distinct setting :func:`kernel_config` can return for ``path`` (host keys dropped,
     except ``kernel``, which names the function a setting runs: absent for the Triton ones);
     ``kv_fp8``: those it returns for 656-byte FP8 tokens."""
-    if path == "flashmla_combine":
-        return [dict(_COMBINE), dict(_COMBINE_PDL)]
+    if path == "flashmla_combine":  # and the programmatic dependent launch the plan makes of it
+        return [dict(_COMBINE), {**_COMBINE, "PDL": 1, "HOLD_SMEM": COMBINE_HOLD_SMEM, "launch_pdl": True}]
     gluon = path == "flashmla" and gluon_available()
     tn = [_tn_fp8(t) if kv_fp8 else dict(t) for t in _WGMMA_TN_TILES.values()] if gluon else []
     if kv_fp8:

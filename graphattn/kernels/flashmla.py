@@ -64,8 +64,11 @@ def _flashmla_split_kernel(
 def _flashmla_combine_kernel(
     ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr, H, num_splits,
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-    BLOCK_S: tl.constexpr, D_NOPE: tl.constexpr, PDL: tl.constexpr = 0,
+    BLOCK_S: tl.constexpr, D_NOPE: tl.constexpr, PDL: tl.constexpr = 0, HOLD_SMEM: tl.constexpr = 0,
 ):
+    # HOLD_SMEM: bytes of shared memory the launch reserves for each program (Launch in
+    # graphattn.kernels.launch; the code uses none of it), so that programs placed early by a
+    # programmatic dependent launch do not share an SM.
     # One program per (row, head): all of its splits are loaded as one [BLOCK_S, D_NOPE] tile,
     # so the combine pays one memory latency instead of one per split.
     if PDL:  # launched before the split kernel finished: wait for it (and its stores) here
@@ -195,7 +198,8 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
         meta["IDX_EARLY"] = 1  # the producer's index loads off its path
     combine = None
     if splits > 1 and not meta.get("CLUSTER"):
-        cmeta, copts = launch_parts(path_config(PATH + "_combine", rows, heads, topk, platform))
+        ccfg = path_config(PATH + "_combine", rows, heads, topk, platform)
+        cmeta, copts = launch_parts(ccfg)
         if (cfg.get("partial_native") and name in PARTIAL_NATIVE_KERNELS and heads % NATIVE_HEADS == 0
                 and heads > NATIVE_HEADS):
             meta["PARTIAL_NATIVE"] = cfg["partial_native"]
@@ -204,12 +208,17 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
             combine_fn, combine_grid = _gluon(*NATIVE_COMBINE), rows * head_blocks * (D_V // 8)
         else:
             combine_fn, combine_grid = _flashmla_combine_kernel, rows * heads
+        # Where the combine has at most ``pdl_max_programs`` programs it is a programmatic
+        # dependent launch: its programs are placed on the SMs the split programs leave idle
+        # once every split program has started (they say so first thing), each reserving
+        # ``pdl_hold_smem`` bytes of shared memory so that no two crowd onto one SM
+        # (graphattn.cuda.configs says what was measured).
+        if combine_grid <= ccfg.get("pdl_max_programs", 0):
+            cmeta.update(PDL=1, HOLD_SMEM=ccfg["pdl_hold_smem"])
+            copts["launch_pdl"] = True
+            meta.setdefault("LAUNCH_DEPENDENTS", 1)
         combine = make_launch(combine_fn, (combine_grid,),
                               BLOCK_S=max(2, triton.next_power_of_2(splits)), D_NOPE=D_V, **cmeta, **copts)
-        # A combine launched as a programmatic dependent launch may start on the SMs the split
-        # programs leave idle, once every split program has started (they say so first thing).
-        if cmeta.get("PDL"):
-            meta.setdefault("LAUNCH_DEPENDENTS", 1)
     main = make_launch(kernel, (ctas,), D_NOPE=D_V, D_ROPE=D_ROPE,
                        DIRECT=splits == 1, **meta, **opts)
     return LaunchPlan(FLASHMLA, rows, heads, topk, splits, split_len, head_blocks, name, main, combine)

@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from ..common.buffers import forget_kept_calls
-from ..common.platform import kernels_interpreted, triton_interpreter_env
+from ..common.platform import current_platform, kernels_interpreted, triton_interpreter_env
 from ..common.validation import env_choice
 
 
@@ -161,19 +161,29 @@ class Launch:
         return self.kwargs.get("CLUSTER") or 1
 
     def __call__(self, *args: Any) -> Any:
-        cluster = self.cluster
-        if cluster > 1:
-            # The kernel is one-CTA code (compiled with num_ctas=1: its program id is the CTA's);
-            # Triton 3.6's launcher takes the cluster shape from the compiled kernel's num_ctas
-            # and multiplies the grid by it, so the launch asks for grid[0] / cluster clusters.
+        cluster, hold = self.cluster, self.kwargs.get("HOLD_SMEM", 0)
+        if cluster > 1 or hold:
+            # Both live in the compiled kernel's packed launch metadata (num_warps, num_ctas,
+            # dynamic shared memory), which Triton 3.6's launchers read on every launch. Its
+            # cache key holds every constexpr, CLUSTER and HOLD_SMEM included, so no launch
+            # without them shares the object changed here.
             kernel = self.fn.warmup(*args, grid=self.grid, **self.kwargs)
             packed = getattr(kernel, "packed_metadata", None)
             if not (isinstance(packed, tuple) and len(packed) == 3):
-                raise RuntimeError(f"{self!r}: this Triton's launcher cannot launch thread-block clusters "
-                                   f"(packed metadata {packed!r}); use a launch setting without CLUSTER")
-            if packed[1] != cluster:
-                kernel.packed_metadata = (packed[0], cluster, packed[2])
-            return self.fn[(self.grid[0] // cluster,) + self.grid[1:]](*args, **self.kwargs)
+                what = "thread-block clusters" if cluster > 1 else "a reserved shared-memory size (HOLD_SMEM)"
+                raise RuntimeError(f"{self!r}: this Triton's launcher cannot launch with {what} (packed metadata "
+                                   f"{packed!r}); use a launch setting without it")
+            warps, ctas, shared = packed
+            if hold > shared:
+                # The program reserves more than its code uses: the function must allow it.
+                current_platform().launch_table.allow_launch_shared_memory(kernel, hold)
+                shared = hold
+            kernel.packed_metadata = (warps, cluster if cluster > 1 else ctas, shared)
+            if cluster > 1:
+                # The kernel is one-CTA code (compiled with num_ctas=1: its program id is the
+                # CTA's); the launcher takes the cluster shape from the packed num_ctas and
+                # multiplies the grid by it, so the launch asks for grid[0] / cluster clusters.
+                return self.fn[(self.grid[0] // cluster,) + self.grid[1:]](*args, **self.kwargs)
         return self.fn[self.grid](*args, **self.kwargs)
 
     def specialised(self, *args: Any) -> Callable[..., None]:

@@ -627,6 +627,7 @@ def _flashmla_combine_native_kernel(
     ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr, H, num_splits,
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_S: gl.constexpr, D_NOPE: gl.constexpr, PDL: gl.constexpr = 0, PARTIAL_16: gl.constexpr = 0,
+    HOLD_SMEM: gl.constexpr = 0,
 ):
     """flashmla's combine of partials stored in the accumulator's order (``NATIVE`` of
     :func:`_store_partial`; ``H`` a multiple of 16): ``out`` ``[rows, H, D_NOPE]`` in q's dtype and
@@ -638,7 +639,9 @@ def _flashmla_combine_native_kernel(
     ``16 (k' // 8) + 8 (k // (R / 2)) + k' % 8`` with ``k' = k % (R / 2)`` (for ``R`` 64:
     ``16 (k // 8 % 4) + 8 (k // 32) + k % 8``). One program per (row, head block, run), grid
     ``rows * cdiv(H, 64) * 64``, ``num_warps=4``; ``BLOCK_S`` (a power of two >= 2) >=
-    ``num_splits``."""
+    ``num_splits``. ``HOLD_SMEM``: bytes of shared memory the launch reserves for each program
+    (``graphattn.kernels.launch.Launch``; unused here), so that programs placed early by a
+    programmatic dependent launch (``PDL``) do not share an SM."""
     # Each thread holds [BLOCK_S / 2 splits, 1 head, 8 columns]: a head's weight multiplies its 8
     # columns in registers and the sum over the splits stays in the thread but for one shuffle:
     # no shared memory and no barrier (a Triton combine of the same tile converted the
