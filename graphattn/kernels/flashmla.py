@@ -205,7 +205,13 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
             meta["PARTIAL_NATIVE"] = cfg["partial_native"]
             if cfg["partial_native"] == 2:
                 cmeta["PARTIAL_16"] = 1
-            combine_fn, combine_grid = _gluon(*NATIVE_COMBINE), rows * head_blocks * (D_V // 8)
+            # ``native_runs`` runs of 8 columns a program (four warps each): fewer, wider
+            # programs, so that a combine of many rows can be a PDL of one program per SM
+            runs = ccfg.get("native_runs", 1)
+            if runs > 1:
+                cmeta["RUNS"] = runs
+                copts["num_warps"] = 4 * runs
+            combine_fn, combine_grid = _gluon(*NATIVE_COMBINE), rows * head_blocks * (D_V // 8 // runs)
         else:
             combine_fn, combine_grid = _flashmla_combine_kernel, rows * heads
         # Where the combine has at most ``pdl_max_programs`` programs it is a programmatic

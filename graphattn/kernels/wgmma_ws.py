@@ -627,7 +627,7 @@ def _flashmla_combine_native_kernel(
     ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr, H, num_splits,
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_S: gl.constexpr, D_NOPE: gl.constexpr, PDL: gl.constexpr = 0, PARTIAL_16: gl.constexpr = 0,
-    HOLD_SMEM: gl.constexpr = 0,
+    HOLD_SMEM: gl.constexpr = 0, RUNS: gl.constexpr = 1,
 ):
     """flashmla's combine of partials stored in the accumulator's order (``NATIVE`` of
     :func:`_store_partial`; ``H`` a multiple of 16): ``out`` ``[rows, H, D_NOPE]`` in q's dtype and
@@ -637,9 +637,10 @@ def _flashmla_combine_native_kernel(
     ``R = min(64, H - 64 hb)`` heads holds 64 runs of ``8 R`` values: run ``g`` holds columns
     ``[8 g, 8 g + 8)`` of the block's heads as ``[R k, 8 c]``, row ``k`` being head
     ``16 (k' // 8) + 8 (k // (R / 2)) + k' % 8`` with ``k' = k % (R / 2)`` (for ``R`` 64:
-    ``16 (k // 8 % 4) + 8 (k // 32) + k % 8``). One program per (row, head block, run), grid
-    ``rows * cdiv(H, 64) * 64``, ``num_warps=4``; ``BLOCK_S`` (a power of two >= 2) >=
-    ``num_splits``. ``HOLD_SMEM``: bytes of shared memory the launch reserves for each program
+    ``16 (k // 8 % 4) + 8 (k // 32) + k % 8``). One program per (row, head block, ``RUNS``
+    consecutive runs), grid ``rows * cdiv(H, 64) * 64 / RUNS``, ``num_warps=4 * RUNS`` (a power
+    of two up to 8: four warps a run); ``BLOCK_S`` (a power of two >= 2) >= ``num_splits``.
+    ``HOLD_SMEM``: bytes of shared memory the launch reserves for each program
     (``graphattn.kernels.launch.Launch``; unused here), so that programs placed early by a
     programmatic dependent launch (``PDL``) do not share an SM."""
     # Each thread holds [BLOCK_S / 2 splits, 1 head, 8 columns]: a head's weight multiplies its 8
@@ -647,23 +648,27 @@ def _flashmla_combine_native_kernel(
     # no shared memory and no barrier (a Triton combine of the same tile converted the
     # weights' layout through shared memory: 13 barriers).
     gl.static_assert(BLOCK_S <= 32, "at most 32 splits (graphattn.cuda.configs.FLASHMLA_MAX_SPLITS)")
+    gl.static_assert(gl.num_warps() == 4 * RUNS, "four warps a run")
+    # A run's 8 columns to each of its four warps' threads; the runs' warps side by side, so a
+    # thread's registers are the same at every RUNS (the split count sets them).
     L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[BLOCK_S // 2, 1, 8], threads_per_warp=[2, 16, 1],
-                                        warps_per_cta=[1, 4, 1], order=[2, 1, 0])
+                                        warps_per_cta=[1, 4, RUNS], order=[2, 1, 0])
     L2: gl.constexpr = gl.SliceLayout(2, L3)  # [BLOCK_S, 64]: the splits' lse
-    LO: gl.constexpr = gl.SliceLayout(0, L3)  # [64, 8]: the output
+    LO: gl.constexpr = gl.SliceLayout(0, L3)  # [64, 8 * RUNS]: the output
     if PDL:  # launched before the split kernel finished: wait for it (and its stores) here
         _gdc_wait()
-    RUNS: gl.constexpr = D_NOPE // 8
+    PROGRAMS: gl.constexpr = D_NOPE // 8 // RUNS  # a head block's programs
     pid = gl.program_id(0)
-    g = pid % RUNS
+    g = (pid % PROGRAMS) * RUNS  # the program's first run
     n_hb = (H + 63) // 64
-    hb = (pid // RUNS) % n_hb
-    row = (pid // (RUNS * n_hb)).to(gl.int64)
+    hb = (pid // PROGRAMS) % n_hb
+    row = (pid // (PROGRAMS * n_hb)).to(gl.int64)
     R = gl.minimum(H - hb * 64, 64)  # the block's heads (a partly-masked last block stores only its own)
     s = gl.expand_dims(gl.arange(0, BLOCK_S, layout=gl.SliceLayout(1, L2)), 1)
     k1 = gl.arange(0, 64, layout=gl.SliceLayout(0, L2))
     k = gl.expand_dims(k1, 0)
-    c = gl.arange(0, 8, layout=gl.SliceLayout(0, LO))
+    c = gl.arange(0, 8 * RUNS, layout=gl.SliceLayout(0, LO))  # the program's columns
+    c_run = (c // 8) * (8 * R) + c % 8  # their offsets in the partial: run c // 8's column c % 8
     s_mask = s < num_splits
     sk_mask = s_mask & (k < R)
     # The partials' loads first, so that their latency overlaps the lse's and its reductions.
@@ -675,7 +680,7 @@ def _flashmla_combine_native_kernel(
         run = ws_out_ptr + row * stride_wr + hb * 64 * stride_wh
     wide: gl.constexpr = 2 if PARTIAL_16 else 1
     run = run + g * 8 * R
-    o_s = gl.load(run + gl.expand_dims(wide * s * stride_ws + k * 8, 2) + gl.expand_dims(gl.expand_dims(c, 0), 0),
+    o_s = gl.load(run + gl.expand_dims(wide * s * stride_ws + k * 8, 2) + gl.expand_dims(gl.expand_dims(c_run, 0), 0),
                   mask=gl.expand_dims(sk_mask, 2), other=0.0).to(gl.float32)  # [BLOCK_S, 64, 8]
     h1 = hb * 64 + _native_head(k1, R)
     lse_s = gl.load(ws_lse_ptr + row * stride_lr + s * stride_ls + gl.expand_dims(h1, 0), mask=sk_mask,
