@@ -465,24 +465,34 @@ def test_sm90_two_splits_merge_in_a_cluster(monkeypatch, rows, heads, topk, kv_f
         assert (plan.combine is None) == (plan.splits == 1), where
 
 
-@pytest.mark.parametrize("heads,rows,kv_fp8,programs", [
-    (128, 1, False, 128), (64, 2, False, 128), (96, 1, False, 128),  # wgmma_ws, the native combine
-    (16, 1, False, 16), (64, 1, False, 64),  # the tokens-major tile, the head-major combine
-    (16, 4, False, 64), (16, 8, False, 128), (16, 8, True, 128),  # wgmma_tn
-    (128, 2, False, 0), (128, 8, False, 0), (64, 8, False, 0), (16, 16, False, 0),  # 256-1024 programs
+@pytest.mark.parametrize("heads,rows,topk,kv_fp8,programs,runs", [
+    (128, 1, 2048, False, 128, 1), (64, 2, 2048, False, 128, 1), (96, 1, 2048, False, 128, 1),  # wgmma_ws
+    (16, 1, 2048, False, 16, 1), (64, 1, 2048, False, 64, 1),  # the tokens-major tile, the head-major combine
+    (16, 4, 2048, False, 64, 1), (16, 8, 2048, False, 128, 1), (16, 8, 2048, True, 128, 1),  # wgmma_tn
+    # the native combine of wgmma_rr (bf16) and wgmma_ws (FP8) at 2-8 rows: wider programs
+    (128, 2, 2048, False, 128, 2), (64, 8, 2048, False, 128, 4), (128, 8, 2048, False, 128, 8),
+    (64, 8, 2048, True, 128, 4), (128, 8, 2048, True, 128, 8), (128, 3, 32768, False, 96, 4),
+    (16, 16, 2048, False, 0, 1), (128, 16, 2048, False, 0, 1),  # 256 and 2048 programs at the most runs
 ])
-def test_sm90_combine_of_one_wave_is_a_pdl_one_program_per_sm(monkeypatch, heads, rows, kv_fp8, programs):
+def test_sm90_combine_of_one_wave_is_a_pdl_one_program_per_sm(monkeypatch, heads, rows, topk, kv_fp8, programs,
+                                                               runs):
     """On sm_90 flashmla's combine is a programmatic dependent launch wherever it has at most one
     program per SM (``programs`` of them; 0: more): its programs reserve ``COMBINE_HOLD_SMEM``
     of shared memory, more than half an SM's, so that, placed while the split kernel runs, no
-    two share an SM, and the split kernel signals them first thing (``LAUNCH_DEPENDENTS``). A
-    larger combine is a plain launch after the split kernel."""
+    two share an SM, and the split kernel signals them first thing (``LAUNCH_DEPENDENTS``). The
+    native combine takes ``runs`` runs of 8 columns a program (``4 * runs`` warps) to get there.
+    A larger combine is a plain launch after the split kernel."""
     cuda_configs = _plan_as_h200(monkeypatch)
-    plan = _fresh_plan(rows, heads, 2048, 32, kv_fp8)
+    plan = _fresh_plan(rows, heads, topk, 32, kv_fp8)
     combine = plan.combine
-    where = f"[flashmla {heads}x{rows}x2048 fp8={kv_fp8}] {plan.kernel} {combine!r}"
+    where = f"[flashmla {heads}x{rows}x{topk} fp8={kv_fp8}] {plan.kernel} {combine!r}"
     assert combine is not None and plan.splits > 1, where
     assert cuda_configs.COMBINE_HOLD_SMEM * 2 > 228 * 1024, "one program per SM of an H200"
+    assert combine.kwargs.get("RUNS", 1) == runs and combine.kwargs["num_warps"] == 4 * runs, where
+    if runs > 1:
+        heads_blocks = -(-heads // 64)
+        assert combine.grid == (rows * heads_blocks * 64 // runs,), where
+        assert runs * combine.kwargs["BLOCK_S"] <= 128, where  # no spills (ptxas, sm_90)
     if programs:
         assert combine.grid == (programs,), where
         assert combine.kwargs["PDL"] == 1 and combine.kwargs["launch_pdl"] is True, where
@@ -492,6 +502,23 @@ def test_sm90_combine_of_one_wave_is_a_pdl_one_program_per_sm(monkeypatch, heads
         assert combine.grid[0] > cuda_configs.SM90_SMS, where
         assert not {"PDL", "HOLD_SMEM", "launch_pdl"} & set(combine.kwargs), where
         assert not plan.main.kwargs.get("LAUNCH_DEPENDENTS"), where
+
+
+@pytest.mark.parametrize("programs,block_s,partial_16,want", [
+    (64, 32, True, 1), (128, 32, True, 1), (256, 16, True, 2), (512, 16, True, 4), (1024, 8, True, 8),
+    (384, 32, True, 4), (576, 32, True, 1),  # 8 runs would spill at 32 splits: no PDL
+    (1024, 16, True, 8), (1024, 16, False, 1), (512, 16, False, 4), (2048, 4, True, 1),
+])
+def test_native_combine_runs_are_the_fewest_that_fit_one_wave(programs, block_s, partial_16, want):
+    """The native combine's runs a program: the fewest powers of two up to ``native_runs`` that
+    bring its one-run ``programs`` to ``pdl_max_programs``, at most 128 / ``block_s`` with 16-bit
+    partials (64 / ``block_s`` with f32: a thread holds 4 * ``block_s`` of them, and ptxas spilled
+    above that); 1 where none does."""
+    from graphattn.kernels.flashmla import _native_runs
+
+    ccfg = {"pdl_max_programs": 132, "native_runs": 8}
+    assert _native_runs(programs, block_s, partial_16, ccfg) == want, (programs, block_s, partial_16)
+    assert _native_runs(programs, block_s, partial_16, {"pdl_max_programs": 132}) == 1  # not asked for
 
 
 @pytest.mark.parametrize("capability", [(8, 0), (8, 9)])

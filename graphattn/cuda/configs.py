@@ -255,8 +255,16 @@ _COMBINE = {"num_warps": 4, "num_stages": 1}
 # 64 x 2 11.01 -> 10.89, 16 x 1 and 64 x 1 level; 16 x 8 13.41 -> 13.26 and 16 x 4 11.62 -> 11.15
 # (a PDL without it: 14.58, 12.17); one program per SM over wgmma_rr's 512-1024 combine programs
 # at 4-8 rows was 8-24% slower, hence the program count.
+# The native combine (wgmma_rr's and wgmma_ws's 16-bit partials) has 64 programs per row and
+# head block, one per run of 8 columns: 512-1024 at 8 rows. Up to NATIVE_COMBINE_RUNS runs a
+# program (four warps each) bring it to at most one program per SM, and so to the PDL above.
+# A/B on the H200 (us, kernel table method, fourteenth session): 64 x 8 14.88 -> 14.38 (4 runs;
+# the same programs without the PDL 14.85), 128 x 8 17.41 -> 17.27 (8 runs); 128 x 4 at 8 runs
+# (64 programs, half the SMs) 13.93 -> 14.61, hence the fewest runs that fit.
 COMBINE_HOLD_SMEM = 120_000
-_COMBINE_PDL_HOST = {"pdl_max_programs": SM90_SMS, "pdl_hold_smem": COMBINE_HOLD_SMEM}
+NATIVE_COMBINE_RUNS = 8
+_COMBINE_PDL_HOST = {"pdl_max_programs": SM90_SMS, "pdl_hold_smem": COMBINE_HOLD_SMEM,
+                     "native_runs": NATIVE_COMBINE_RUNS}
 # "flashmla_triton": flashmla's heads-major Triton tiles only, for inputs that are not 16-byte
 # aligned (neither the wgmma kernel nor the tokens-major tile can take them).
 _PATHS = ("flashmla", "flashmla_triton", "trtllm", "mega", "flashmla_combine")
@@ -305,7 +313,12 @@ def all_configs(path: str, kv_fp8: bool = False) -> list[dict[str, Any]]:
     except ``kernel``, which names the function a setting runs: absent for the Triton ones);
     ``kv_fp8``: those it returns for 656-byte FP8 tokens."""
     if path == "flashmla_combine":  # and the programmatic dependent launch the plan makes of it
-        return [dict(_COMBINE), {**_COMBINE, "PDL": 1, "HOLD_SMEM": COMBINE_HOLD_SMEM, "launch_pdl": True}]
+        pdl = {**_COMBINE, "PDL": 1, "HOLD_SMEM": COMBINE_HOLD_SMEM, "launch_pdl": True}
+        # the native combine's wider programs (RUNS: its constexpr only)
+        # at the most splits the plan gives each (graphattn.kernels.flashmla._native_runs)
+        runs = [{**pdl, "RUNS": r, "BLOCK_S": min(32, 128 // r), "num_warps": 4 * r}
+                for r in (2, 4, 8) if r <= NATIVE_COMBINE_RUNS]
+        return [dict(_COMBINE), pdl] + runs
     gluon = path == "flashmla" and gluon_available()
     tn = [_tn_fp8(t) if kv_fp8 else dict(t) for t in _WGMMA_TN_TILES.values()] if gluon else []
     if kv_fp8:

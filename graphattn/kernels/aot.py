@@ -98,11 +98,13 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
             key = _KERNEL_KEY.get(kernel)
             if not runs_on(kernel, target):
                 continue
-            configs = [c for c in _configs(path, target) if c.get("kernel") == key]
-            fp8_configs = [c for c in _configs(path, target, kv_fp8=True) if c.get("kernel") == key]
+            names = _arg_names(kernel)
+            # a setting with a constexpr this kernel lacks is another kernel's of the same path
+            # (the native combine's RUNS)
+            configs = [c for c in _configs(path, target) if c.get("kernel") == key and _takes(names, c)]
+            fp8_configs = [c for c in _configs(path, target, kv_fp8=True) if c.get("kernel") == key and _takes(names, c)]
             if not configs and not fp8_configs:
                 continue
-            names = _arg_names(kernel)
             fp8 = {"KV_FP8": fp8_code(target)} if "KV_FP8" in names else None
             # The settings the launch table gives plain kv, then (kernels that read them) those
             # it gives 656-byte FP8 tokens, each compiled with its KV_FP8 code.
@@ -146,6 +148,11 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
                         seen.add(key)
                         out.append(job)
     return out
+
+
+def _takes(names: list[str], cfg: dict[str, Any]) -> bool:
+    """Whether a kernel of argument ``names`` takes every constexpr of launch setting ``cfg``."""
+    return all(k in names for k in launch_parts(cfg)[0])
 
 
 def runs_on(kernel: str, target: str) -> bool:

@@ -205,9 +205,8 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
             meta["PARTIAL_NATIVE"] = cfg["partial_native"]
             if cfg["partial_native"] == 2:
                 cmeta["PARTIAL_16"] = 1
-            # ``native_runs`` runs of 8 columns a program (four warps each): fewer, wider
-            # programs, so that a combine of many rows can be a PDL of one program per SM
-            runs = ccfg.get("native_runs", 1)
+            runs = _native_runs(rows * head_blocks * (D_V // 8), max(2, triton.next_power_of_2(splits)),
+                                cfg["partial_native"] == 2, ccfg)
             if runs > 1:
                 cmeta["RUNS"] = runs
                 copts["num_warps"] = 4 * runs
@@ -228,6 +227,21 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
     main = make_launch(kernel, (ctas,), D_NOPE=D_V, D_ROPE=D_ROPE,
                        DIRECT=splits == 1, **meta, **opts)
     return LaunchPlan(FLASHMLA, rows, heads, topk, splits, split_len, head_blocks, name, main, combine)
+
+
+def _native_runs(programs: int, block_s: int, partial_16: bool, ccfg: dict[str, Any]) -> int:
+    """Runs of 8 columns per program of the native combine (four warps each): the fewest, a
+    power of two up to ``native_runs``, that bring its ``programs`` (at one run each) down to
+    ``pdl_max_programs``, so that it can be a programmatic dependent launch of one program per
+    SM; 1 where none does (the combine then runs as a plain launch of one-run programs).
+    A thread holds ``4 * block_s`` partial values at any runs, and a program of ``4 * runs``
+    warps leaves it ``512 / runs`` registers: ptxas (sm_90) spills from ``runs * block_s`` 256
+    with 16-bit partials (``partial_16``) and 128 with f32 ones, so runs stay below that."""
+    runs = 1
+    most = min(ccfg.get("native_runs", 1), max(1, (128 if partial_16 else 64) // block_s))
+    while runs < most and programs > runs * ccfg.get("pdl_max_programs", 0):
+        runs *= 2
+    return runs if programs <= runs * ccfg.get("pdl_max_programs", 0) else 1
 
 
 def plan_flashmla(rows: int, heads: int, topk: int, ws_splits: int, aligned: bool = True,
