@@ -254,13 +254,19 @@ _COMBINE = {"num_warps": 4, "num_stages": 1}
 # rule before, rows <= 2 and rows x heads <= 128): 128 x 1 10.19 -> 10.06, 96 x 1 10.35 -> 10.25,
 # 64 x 2 11.01 -> 10.89, 16 x 1 and 64 x 1 level; 16 x 8 13.41 -> 13.26 and 16 x 4 11.62 -> 11.15
 # (a PDL without it: 14.58, 12.17); one program per SM over wgmma_rr's 512-1024 combine programs
-# at 4-8 rows was 8-24% slower, hence the program count.
+# at 4-8 rows was 8-24% slower, hence the program count. The rule as it stands against the one
+# before it (fourteenth session, A/B): 16 x 8 13.66 -> 13.28, 16 x 4 11.60 -> 11.16, 128 x 1
+# 9.22 -> 9.13, 64 x 2 10.03 -> 9.93, FP8 16 x 8 14.36 -> 13.58, FP8 16 x 4 10.93 -> 10.45, FP8
+# 128 x 1 10.58 -> 10.47; 16-32 x 1 level, 64 x 1 9.79 -> 9.85 (inside its runs' spread).
 # The native combine (wgmma_rr's and wgmma_ws's 16-bit partials) has 64 programs per row and
 # head block, one per run of 8 columns: 512-1024 at 8 rows. Up to NATIVE_COMBINE_RUNS runs a
 # program (four warps each) bring it to at most one program per SM, and so to the PDL above.
 # A/B on the H200 (us, kernel table method, fourteenth session): 64 x 8 14.88 -> 14.38 (4 runs;
 # the same programs without the PDL 14.85), 128 x 8 17.41 -> 17.27 (8 runs); 128 x 4 at 8 runs
-# (64 programs, half the SMs) 13.93 -> 14.61, hence the fewest runs that fit.
+# (64 programs, half the SMs) 13.93 -> 14.61, hence the fewest runs that fit; with them (another
+# machine) 128 x 2 12.08 -> 11.39, 64 x 4 12.75 -> 11.99, 128 x 4 13.27 -> 12.79, 32 x 8 14.33 ->
+# 13.49, 64 x 8 15.66 -> 14.78, 128 x 8 18.17 -> 17.65, FP8 64 x 8 18.47 -> 17.56, FP8 128 x 8
+# 23.68 -> 23.74.
 COMBINE_HOLD_SMEM = 120_000
 NATIVE_COMBINE_RUNS = 8
 _COMBINE_PDL_HOST = {"pdl_max_programs": SM90_SMS, "pdl_hold_smem": COMBINE_HOLD_SMEM,
