@@ -251,7 +251,30 @@ def test_kernel_bench_pools_draw_distinct_tokens_of_the_rows_pool(kv_fp8):
         kernels.make_copies(2, 4, 16, 2, device="cpu", rows_per_pool=2)
 
 
+def test_kernel_bench_bars_are_the_issues_shapes():
+    """``--bars``: flashmla at every shape issues 12 and 14 set a speed bar at, bf16 and FP8
+    tokens, one table row each with its KV layout."""
+    from graphattn.bench import kernels
+
+    shapes = set(kernels.BAR_SHAPES)
+    assert len(shapes) == len(kernels.BAR_SHAPES), "a shape twice"
+    bf16 = {(h, r, t) for h, r, t, fp8 in shapes if not fp8}
+    fp8 = {(h, r, t) for h, r, t, f in shapes if f}
+    assert {(h, r, 2048) for h in (16, 32, 64, 128) for r in (1, 8)} <= bf16  # small batch: 10 and 14 us
+    assert {(64, 64, 2048), (128, 64, 2048), (128, 512, 2048), (128, 64, 8192), (16, 512, 2048),
+            (32, 512, 2048)} <= bf16  # the roofline and TFLOP/s bars
+    assert {(16, 512, 2048), (128, 64, 2048)} <= fp8 and {(16, 1, 2048), (16, 8, 2048)} <= fp8
+    assert all((h, r, t) in bf16 for h, r, t in fp8), "FP8 is compared with bf16 at the same shape"
+    row = {"kv": "fp8", "heads": 16, "rows": 1, "topk": 2048, "path": "flashmla", "us": 8.97, "GBps": 150.0,
+           "TFLOPs": 7.9, "roofline": 0.05}
+    table = kernels.bars_markdown([row]).splitlines()
+    assert table[0].startswith("| kv | heads")
+    assert table[2] == "| fp8 | 16 | 1 | 2048 | flashmla | 8.97 | 150 | 7.9 | 0.05 |"
+
+
 @pytest.mark.parametrize("argv,message", [
+    (["--bars", "--quick"], "each choose the shapes"),
+    (["--bars", "--pool-tokens", "4096"], "each choose the shapes"),
     (["--rows-per-pool", "2"], "--rows-per-pool needs --pool-tokens"),
     (["--pool-tokens", "4096", "--shape", "128x4096"], "expected HEADSxROWSxTOPK"),
     (["--pool-tokens", "1000"], "a pool needs at least topk (2048) tokens"),

@@ -40,6 +40,15 @@ SHAPES += [(h, 64, 8192) for h in (16, 64, 128)] + [(h, 8, 32768) for h in (16, 
 QUICK_SHAPES = [(16, 1, 2048), (64, 8, 2048), (64, 64, 2048), (128, 512, 2048)]
 PATHS = ("flashmla", "trtllm", "mega", "torch")
 POOL_SHAPE = "128x4096x2048"  # FlashMLA's V3.2 sparse prefill case: h_q 128, s_q 4096, topk 2048
+# (heads, rows, topk, kv_fp8) of issues 12 and 14's speed bars (docs/benchmarks.md, "Where issues
+# 12 and 14 stand"), flashmla only: 1 and 8 rows at 16-128 heads, 64 heads x 64 rows, 128 heads
+# from 64 rows (topk 2048 and 8192), 16-32 heads x 512 rows; with FP8 tokens 16 heads x 1, 8 and
+# 512 rows and 128 heads from 64 rows.
+BAR_SHAPES = ([(h, r, 2048, False) for r in (1, 8) for h in (16, 32, 64, 128)]
+              + [(64, 64, 2048, False), (128, 64, 2048, False), (128, 512, 2048, False), (128, 64, 8192, False),
+                 (16, 512, 2048, False), (32, 512, 2048, False)]
+              + [(16, 1, 2048, True), (16, 8, 2048, True), (16, 512, 2048, True), (128, 64, 2048, True),
+                 (128, 512, 2048, True), (128, 64, 8192, True)])
 
 
 def roofline(rows: int, heads: int, topk: int, kv_fp8: bool = False) -> tuple[float, float, float]:
@@ -202,6 +211,15 @@ def markdown(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def bars_markdown(results: list[dict[str, Any]]) -> str:
+    """Markdown table of :data:`BAR_SHAPES`' results (one path each), KV layout first."""
+    lines = ["| kv | heads | rows | topk | path | µs/call | GB/s | TFLOP/s | roofline |",
+             "|---|---:|---:|---:|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['kv']} | {r['heads']} | {r['rows']} | {r['topk']} | {r['path']} | {r['us']:.2f} | "
+              f"{r['GBps']:.0f} | {r['TFLOPs']:.1f} | {r['roofline']:.2f} |" for r in results]
+    return "\n".join(lines)
+
+
 def sweep(shapes, candidates: list[dict[str, Any]], paths=("mega", "trtllm")) -> list[dict[str, Any]]:
     """Time every candidate tile setting (the launch table's ``override``) per path and shape."""
     from graphattn.common.platform import current_platform
@@ -257,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write results to this JSON file")
     parser.add_argument("--quick", action="store_true", help="four representative shapes only")
     parser.add_argument("--sweep", action="store_true", help="time tile candidates on a few shapes")
+    parser.add_argument("--bars", action="store_true",
+                        help="flashmla at the shapes of issues 12 and 14's speed bars (bf16 and FP8 tokens)")
     parser.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16",
                         help="KV cache: bf16 [pool, 576] or 656-byte FP8 tokens (bytes counted at 656)")
     parser.add_argument("--pool-tokens", type=int, nargs="+", metavar="TOKENS",
@@ -269,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rows_per_pool is not None and not args.pool_tokens:
         parser.error("--rows-per-pool needs --pool-tokens")
+    if sum(map(bool, (args.bars, args.sweep, args.pool_tokens, args.quick))) > 1:
+        parser.error("--bars, --sweep, --pool-tokens and --quick each choose the shapes: give one")
     try:
         heads, rows, topk = (int(x) for x in args.shape.lower().split("x"))
     except ValueError:
@@ -287,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
             pools = f"one pool per {r['rows_per_pool']} rows" if r["rows_per_pool"] else "one pool"
             print(f"{r['kv']} kv, {r['heads']} heads x {r['rows']} rows x topk {r['topk']}, {pools} of "
                   f"{r['pool_tokens']} tokens: {r['us']:.1f} us, {r['TFLOPs']:.1f} TFLOP/s, {r['GBps']:.0f} GB/s")
+    elif args.bars:
+        results = [r for h, rows_, t, fp8 in BAR_SHAPES for r in measure(h, rows_, t, paths=("flashmla",), kv_fp8=fp8)]
+        print(bars_markdown(results))
     elif args.sweep:
         results = sweep([(16, 512, 2048), (64, 512, 2048), (128, 512, 2048), (64, 8, 2048)], SWEEP_CANDIDATES)
     else:
