@@ -320,8 +320,8 @@ def all_configs(path: str, kv_fp8: bool = False) -> list[dict[str, Any]]:
     ``kv_fp8``: those it returns for 656-byte FP8 tokens."""
     if path == "flashmla_combine":  # and the programmatic dependent launch the plan makes of it
         pdl = {**_COMBINE, "PDL": 1, "HOLD_SMEM": COMBINE_HOLD_SMEM, "launch_pdl": True}
-        # the native combine's wider programs (RUNS: its constexpr only)
-        # at the most splits the plan gives each (graphattn.kernels.flashmla._native_runs)
+        # the native combine's wider programs (RUNS: its constexpr only), each at the most splits
+        # the plan gives it (graphattn.kernels.flashmla._native_runs)
         runs = [{**pdl, "RUNS": r, "BLOCK_S": min(32, 128 // r), "num_warps": 4 * r}
                 for r in (2, 4, 8) if r <= NATIVE_COMBINE_RUNS]
         return [dict(_COMBINE), pdl] + runs

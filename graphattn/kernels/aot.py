@@ -101,8 +101,9 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
             names = _arg_names(kernel)
             # a setting with a constexpr this kernel lacks is another kernel's of the same path
             # (the native combine's RUNS)
-            configs = [c for c in _configs(path, target) if c.get("kernel") == key and _takes(names, c)]
-            fp8_configs = [c for c in _configs(path, target, kv_fp8=True) if c.get("kernel") == key and _takes(names, c)]
+            mine = lambda c: c.get("kernel") == key and _takes(names, c)  # noqa: E731
+            configs = [c for c in _configs(path, target) if mine(c)]
+            fp8_configs = [c for c in _configs(path, target, kv_fp8=True) if mine(c)]
             if not configs and not fp8_configs:
                 continue
             fp8 = {"KV_FP8": fp8_code(target)} if "KV_FP8" in names else None
