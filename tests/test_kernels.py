@@ -655,6 +655,8 @@ def test_sm90_partials_in_the_accumulator_order(monkeypatch, rows, heads, kv_fp8
         assert plan.combine.fn is (_gluon(*NATIVE_COMBINE) if native else _flashmla_combine_kernel), where
         # partials in q's dtype (the launch setting's 2) are read so by the combine
         assert plan.combine.kwargs.get("PARTIAL_16", 0) == (plan.main.kwargs.get("PARTIAL_NATIVE") == 2), where
-        assert plan.combine.grid == ((rows * -(-heads // 64) * 64,) if native else (rows * heads,)), where
+        runs = plan.combine.kwargs.get("RUNS", 1)  # runs of 8 columns a program (native: 1-8)
+        assert plan.combine.grid == ((rows * -(-heads // 64) * 64 // runs,) if native else (rows * heads,)), where
+        assert runs == 1 or (native and plan.combine.kwargs["PDL"] == 1), where  # only to make it a PDL
     else:
         assert not native, where
