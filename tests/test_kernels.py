@@ -472,7 +472,9 @@ def test_sm90_two_splits_merge_in_a_cluster(monkeypatch, rows, heads, topk, kv_f
     # the native combine of wgmma_rr (bf16) and wgmma_ws (FP8) at 2-8 rows: wider programs
     (128, 2, 2048, False, 128, 2), (64, 8, 2048, False, 128, 4), (128, 8, 2048, False, 128, 8),
     (64, 8, 2048, True, 128, 4), (128, 8, 2048, True, 128, 8), (128, 3, 32768, False, 96, 4),
-    (16, 16, 2048, False, 0, 1), (128, 16, 2048, False, 0, 1),  # 256 and 2048 programs at the most runs
+    # wgmma_tn's head-major combine: 256 programs (no runs); the native combine's 2048 one-run
+    # programs are 256 at its most runs
+    (16, 16, 2048, False, 0, 1), (128, 16, 2048, False, 0, 1),
 ])
 def test_sm90_combine_of_one_wave_is_a_pdl_one_program_per_sm(monkeypatch, heads, rows, topk, kv_fp8, programs,
                                                                runs):
@@ -517,13 +519,20 @@ def test_native_combine_runs_are_the_fewest_that_fit_one_wave(programs, block_s,
     from graphattn.kernels.flashmla import _native_runs
 
     ccfg = {"pdl_max_programs": 132, "native_runs": 8}
-    assert _native_runs(programs, block_s, partial_16, ccfg) == want, (programs, block_s, partial_16)
-    assert _native_runs(programs, block_s, partial_16, {"pdl_max_programs": 132}) == 1  # not asked for
+    assert _native_runs(programs, block_s, partial_16, ccfg, 132) == want, (programs, block_s, partial_16)
+    assert _native_runs(programs, block_s, partial_16, {"pdl_max_programs": 132}, 132) == 1  # not asked for
+    # a cap that is no power of two rounds down (the A/B script's c_native_runs=3: 2, no PDL at 512)
+    assert _native_runs(512, 16, True, {**ccfg, "native_runs": 3}, 132) == 1
+    assert _native_runs(256, 16, True, {**ccfg, "native_runs": 3}, 132) == 2
+    # a GPU of fewer SMs (an H100 PCIe: 114) takes more runs, or none where even 8 do not fit
+    assert _native_runs(512, 16, True, ccfg, 114) == 8 and _native_runs(1024, 16, True, ccfg, 114) == 1
 
 
-@pytest.mark.parametrize("capability", [(8, 0), (8, 9)])
-def test_combine_is_a_plain_launch_before_sm90(capability):
-    """griddepcontrol exists from sm_90 on: other NVIDIA GPUs' combine setting has no PDL."""
+@pytest.mark.parametrize("capability", [(8, 0), (8, 9), (10, 0), (12, 0)])
+def test_combine_is_a_plain_launch_outside_sm90(capability):
+    """griddepcontrol exists from sm_90 on, and the PDL with its 120,000-byte reservation was
+    measured on sm_90 only (sm_120 could not reserve it): other NVIDIA GPUs' combine setting
+    has no PDL."""
     from graphattn.cuda import configs as cuda_configs
 
     cfg = cuda_configs.kernel_config("flashmla_combine", 1, 128, 2048, capability=capability)

@@ -61,6 +61,14 @@ def test_aot_jobs_compile_each_setting_as_it_runs(target):
     from graphattn.kernels.plan import launch_parts
 
     compiled = {(k, json.dumps({**m, **o}, sort_keys=True)) for k, _, m, o, _ in aot.jobs([target])}
+    # each setting is some kernel's of its path: one skipped below by every kernel would be
+    # compiled by none (a misspelt constexpr)
+    for path in {p for _, _, p in aot.KERNELS.values()}:
+        kernels = [k for k, (_, _, p) in aot.KERNELS.items() if p == path and aot.runs_on(k, target)]
+        for kv_fp8 in (False, True):
+            for cfg in aot._configs(path, target, kv_fp8=kv_fp8):
+                taken = any(aot._takes(aot._arg_names(k), cfg) for k in kernels)
+                assert taken, f"{target} {path}: setting {cfg} is no kernel's"
     for kernel, (_, _, path) in aot.KERNELS.items():
         if not aot.runs_on(kernel, target):
             continue  # no setting of the target runs it (flashmla's native combine off sm_90)

@@ -299,14 +299,17 @@ def _native_offsets(heads: int = 64) -> torch.Tensor:
                                                     (32, 16, torch.bfloat16, 0), (96, 5, torch.float16, 1),
                                                     (48, 4, torch.bfloat16, 0), (16, 16, torch.float16, 0)])
 @pytest.mark.parametrize("partial_16", [0, 1])
-def test_flashmla_combine_reads_partials_in_the_accumulator_order(heads, splits, dtype, pdl, partial_16):
+@pytest.mark.parametrize("runs", [1, 4])
+def test_flashmla_combine_reads_partials_in_the_accumulator_order(heads, splits, dtype, pdl, partial_16, runs):
     """``_flashmla_combine_native_kernel`` (flashmla's combine where a Gluon kernel stored its
     partials with ``PARTIAL_NATIVE``: f32, or with ``PARTIAL_16`` in the output's dtype in the
     first half of each head block's f32 slab) merges a workspace in that order into what the
     float64 merge of the same partials gives: the order is the wgmma accumulator's (a
     permutation of each 64-head block), splits with no valid token (lse -inf) weigh nothing, a
     head with none anywhere gets 0 and -inf, and a split slot past ``num_splits`` (NaN) is never
-    read. A partly-masked last head block (16, 32, 48 heads; 96 = 64 + 32) holds its own heads only."""
+    read. A partly-masked last head block (16, 32, 48 heads; 96 = 64 + 32) holds its own heads only.
+    ``runs``: runs of 8 columns a program (``RUNS``, four warps each; as a PDL the programs reserve
+    the plan's shared memory, one per SM)."""
     from graphattn.cuda.configs import gluon_available
     from graphattn.kernels.launch import make_launch
 
@@ -339,9 +342,12 @@ def test_flashmla_combine_reads_partials_in_the_accumulator_order(heads, splits,
     ws_lse[:, :splits] = lse.float().to(DEVICE)
     out = torch.empty(rows, heads, 512, dtype=dtype, device=DEVICE)
     lse_out = torch.empty(rows, heads, device=DEVICE)
-    launch = make_launch(_flashmla_combine_native_kernel, (rows * len(blocks) * 64,),
-                         BLOCK_S=max(2, 1 << (splits - 1).bit_length()), D_NOPE=512, num_warps=4, num_stages=1,
-                         PDL=pdl, launch_pdl=bool(pdl), PARTIAL_16=partial_16)
+    wide = {"RUNS": runs, "num_warps": 4 * runs} if runs > 1 else {"num_warps": 4}
+    if runs > 1 and pdl:
+        wide["HOLD_SMEM"] = 120_000
+    launch = make_launch(_flashmla_combine_native_kernel, (rows * len(blocks) * 64 // runs,),
+                         BLOCK_S=max(2, 1 << (splits - 1).bit_length()), D_NOPE=512, num_stages=1,
+                         PDL=pdl, launch_pdl=bool(pdl), PARTIAL_16=partial_16, **wide)
     launch(ws_out, ws_lse, out, lse_out, heads, splits, *ws_out.stride()[:3], *ws_lse.stride()[:2])
     top = lse.max(dim=1).values
     w = torch.exp(lse - torch.where(top.isinf(), 0.0, top)[:, None])
@@ -349,7 +355,8 @@ def test_flashmla_combine_reads_partials_in_the_accumulator_order(heads, splits,
     ref = (w[..., None] * part).sum(dim=1) / torch.where(den == 0, 1.0, den)[..., None]
     ref_lse = torch.where(den == 0, float("-inf"), top + torch.log(torch.where(den == 0, 1.0, den)))
     atol, rtol = TOLERANCES[dtype]
-    where = f"[flashmla native combine {heads} heads x {splits} splits {dtype} pdl={pdl} partial_16={partial_16}]"
+    where = (f"[flashmla native combine {heads} heads x {splits} splits {dtype} pdl={pdl} partial_16={partial_16} "
+             f"runs={runs}]")
     torch.testing.assert_close(out.double().cpu(), ref, atol=atol, rtol=rtol, msg=where)
     torch.testing.assert_close(lse_out.double().cpu(), ref_lse, atol=LSE_ATOL, rtol=0, msg=where)
     assert lse_out[1, 5].item() == float("-inf") and not out[1, 5].any(), where

@@ -276,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="four representative shapes only")
     parser.add_argument("--sweep", action="store_true", help="time tile candidates on a few shapes")
     parser.add_argument("--bars", action="store_true",
-                        help="flashmla at the shapes of issues 12 and 14's speed bars (bf16 and FP8 tokens)")
+                        help="flashmla at the shapes of issues 12 and 14's speed bars (bf16 and FP8 tokens "
+                             "both, whatever --kv-dtype says)")
     parser.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16",
                         help="KV cache: bf16 [pool, 576] or 656-byte FP8 tokens (bytes counted at 656)")
     parser.add_argument("--pool-tokens", type=int, nargs="+", metavar="TOKENS",

@@ -257,7 +257,9 @@ _COMBINE = {"num_warps": 4, "num_stages": 1}
 # at 4-8 rows was 8-24% slower, hence the program count. The rule as it stands against the one
 # before it (fourteenth session, A/B): 16 x 8 13.66 -> 13.28, 16 x 4 11.60 -> 11.16, 128 x 1
 # 9.22 -> 9.13, 64 x 2 10.03 -> 9.93, FP8 16 x 8 14.36 -> 13.58, FP8 16 x 4 10.93 -> 10.45, FP8
-# 128 x 1 10.58 -> 10.47; 16-32 x 1 level, 64 x 1 9.79 -> 9.85 (inside its runs' spread).
+# 128 x 1 10.58 -> 10.47; 16-32 x 1 level, 64 x 1 9.79 -> 9.85 (runs 9.77-9.81 against
+# 9.84-9.85: 0.06 slower, kept for one rule). Measured on sm_90 only: other GPUs launch the
+# combine plainly (kernel_config), and the plan caps the programs at the GPU's SMs.
 # The native combine (wgmma_rr's and wgmma_ws's 16-bit partials) has 64 programs per row and
 # head block, one per run of 8 columns: 512-1024 at 8 rows. Up to NATIVE_COMBINE_RUNS runs a
 # program (four warps each) bring it to at most one program per SM, and so to the PDL above.
@@ -292,8 +294,10 @@ def kernel_config(path: str, rows: int = 1, heads: int = 64, topk: int = 2048,
     if path not in _PATHS:
         raise ValueError(f"Unknown kernel path: {path!r}. Valid options are: {', '.join(_PATHS)}")
     if path == "flashmla_combine":
-        # griddepcontrol (programmatic dependent launch) exists from sm_90 on
-        cfg = {**_COMBINE, **_COMBINE_PDL_HOST} if capability[0] >= 9 else dict(_COMBINE)
+        # griddepcontrol (programmatic dependent launch) exists from sm_90 on; the rule and its
+        # reservation were measured on sm_90 (228 KB of shared memory per SM: sm_120's 99 KB a
+        # block could not take it), so other GPUs launch the combine after the split kernel
+        cfg = {**_COMBINE, **_COMBINE_PDL_HOST} if capability[0] == 9 else dict(_COMBINE)
     elif path == "mega":
         cfg = _tiles(heads, kv_fp8)
     else:

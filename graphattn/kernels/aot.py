@@ -126,13 +126,16 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
                         variants.append(("bf16", {**kv, "LAUNCH_DEPENDENTS": 1}))
                     if "CLUSTER" in names and cfg.get("cluster_merge"):
                         variants.append(("bf16", {**kv, "CLUSTER": 2}))  # two splits merged by a cluster
+                    # the combine a PDL of these partials (2-8 rows): LAUNCH_DEPENDENTS with them
+                    pdl = [{}, {"LAUNCH_DEPENDENTS": 1}] if _combine_pdl(target) else [{}]
                     if "PARTIAL_NATIVE" in names and cfg.get("partial_native"):  # partials in the accumulator's order
-                        variants.append(("bf16", {**kv, "PARTIAL_NATIVE": cfg["partial_native"]}))
+                        variants += [("bf16", {**kv, "PARTIAL_NATIVE": cfg["partial_native"], **d}) for d in pdl]
                     if "IDX_EARLY" in names and cfg.get("idx_early_min_heads") and not kv:  # many heads
                         variants += [(dtype, {"DIRECT": True, "IDX_EARLY": 1}) for dtype in ("bf16", "fp16")]
                         variants.append(("bf16", {"IDX_EARLY": 1}))  # in splits (head-major partials)
                         if cfg.get("partial_native"):
-                            variants.append(("bf16", {"PARTIAL_NATIVE": cfg["partial_native"], "IDX_EARLY": 1}))
+                            variants += [("bf16", {"PARTIAL_NATIVE": cfg["partial_native"], "IDX_EARLY": 1, **d})
+                                         for d in pdl]
                 if "RING" in names and kv and cfg.get("fp8_ring"):  # FP8 tokens through a ring of raw slots
                     ring = {**kv, "RING": cfg["fp8_ring"]}
                     variants += [("bf16", ring), ("fp16", ring), ("bf16", {**ring, "DIRECT": True})]

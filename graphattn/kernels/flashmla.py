@@ -200,13 +200,15 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
     if splits > 1 and not meta.get("CLUSTER"):
         ccfg = path_config(PATH + "_combine", rows, heads, topk, platform)
         cmeta, copts = launch_parts(ccfg)
+        # one program per SM at most: the setting's count, capped by this GPU's SMs
+        pdl_programs = min(ccfg.get("pdl_max_programs", 0), platform.num_compute_units())
         if (cfg.get("partial_native") and name in PARTIAL_NATIVE_KERNELS and heads % NATIVE_HEADS == 0
                 and heads > NATIVE_HEADS):
             meta["PARTIAL_NATIVE"] = cfg["partial_native"]
             if cfg["partial_native"] == 2:
                 cmeta["PARTIAL_16"] = 1
             runs = _native_runs(rows * head_blocks * (D_V // 8), max(2, triton.next_power_of_2(splits)),
-                                cfg["partial_native"] == 2, ccfg)
+                                cfg["partial_native"] == 2, ccfg, pdl_programs)
             if runs > 1:
                 cmeta["RUNS"] = runs
                 copts["num_warps"] = 4 * runs
@@ -218,8 +220,8 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
         # once every split program has started (they say so first thing), each reserving
         # ``pdl_hold_smem`` bytes of shared memory so that no two crowd onto one SM
         # (graphattn.cuda.configs says what was measured).
-        if combine_grid <= ccfg.get("pdl_max_programs", 0):
-            cmeta.update(PDL=1, HOLD_SMEM=ccfg["pdl_hold_smem"])
+        if combine_grid <= pdl_programs:
+            cmeta.update(PDL=1, HOLD_SMEM=ccfg.get("pdl_hold_smem", 0))
             copts["launch_pdl"] = True
             meta.setdefault("LAUNCH_DEPENDENTS", 1)
         combine = make_launch(combine_fn, (combine_grid,),
@@ -229,19 +231,19 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
     return LaunchPlan(FLASHMLA, rows, heads, topk, splits, split_len, head_blocks, name, main, combine)
 
 
-def _native_runs(programs: int, block_s: int, partial_16: bool, ccfg: dict[str, Any]) -> int:
+def _native_runs(programs: int, block_s: int, partial_16: bool, ccfg: dict[str, Any], pdl_programs: int) -> int:
     """Runs of 8 columns per program of the native combine (four warps each): the fewest, a
     power of two up to ``native_runs``, that bring its ``programs`` (at one run each) down to
-    ``pdl_max_programs``, so that it can be a programmatic dependent launch of one program per
-    SM; 1 where none does (the combine then runs as a plain launch of one-run programs).
+    ``pdl_programs`` (one per SM), so that it can be a programmatic dependent launch; 1 where
+    none does (the combine then runs as a plain launch of one-run programs).
     A thread holds ``4 * block_s`` partial values at any runs, and a program of ``4 * runs``
     warps leaves it ``512 / runs`` registers: ptxas (sm_90) spills from ``runs * block_s`` 256
     with 16-bit partials (``partial_16``) and 128 with f32 ones, so runs stay below that."""
-    runs = 1
     most = min(ccfg.get("native_runs", 1), max(1, (128 if partial_16 else 64) // block_s))
-    while runs < most and programs > runs * ccfg.get("pdl_max_programs", 0):
+    runs = 1
+    while 2 * runs <= most and programs > runs * pdl_programs:
         runs *= 2
-    return runs if programs <= runs * ccfg.get("pdl_max_programs", 0) else 1
+    return runs if programs <= runs * pdl_programs else 1
 
 
 def plan_flashmla(rows: int, heads: int, topk: int, ws_splits: int, aligned: bool = True,

@@ -648,6 +648,7 @@ def _flashmla_combine_native_kernel(
     # no shared memory and no barrier (a Triton combine of the same tile converted the
     # weights' layout through shared memory: 13 barriers).
     gl.static_assert(BLOCK_S <= 32, "at most 32 splits (graphattn.cuda.configs.FLASHMLA_MAX_SPLITS)")
+    gl.static_assert((D_NOPE // 8) % RUNS == 0, "a program's runs divide the head block's D_NOPE / 8")
     # A run's 8 columns to each of its four warps' threads; the runs' warps side by side, so a
     # thread's registers are the same at every RUNS (the split count sets them).
     L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[BLOCK_S // 2, 1, 8], threads_per_warp=[2, 16, 1],
@@ -680,7 +681,7 @@ def _flashmla_combine_native_kernel(
     wide: gl.constexpr = 2 if PARTIAL_16 else 1
     run = run + g * 8 * R
     o_s = gl.load(run + gl.expand_dims(wide * s * stride_ws + k * 8, 2) + gl.expand_dims(gl.expand_dims(c_run, 0), 0),
-                  mask=gl.expand_dims(sk_mask, 2), other=0.0).to(gl.float32)  # [BLOCK_S, 64, 8]
+                  mask=gl.expand_dims(sk_mask, 2), other=0.0).to(gl.float32)  # [BLOCK_S, 64, 8 * RUNS]
     h1 = hb * 64 + _native_head(k1, R)
     lse_s = gl.load(ws_lse_ptr + row * stride_lr + s * stride_ls + gl.expand_dims(h1, 0), mask=sk_mask,
                     other=float("-inf"))
