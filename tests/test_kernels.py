@@ -518,14 +518,13 @@ def test_native_combine_runs_are_the_fewest_that_fit_one_wave(programs, block_s,
     above that); 1 where none does."""
     from graphattn.kernels.flashmla import _native_runs
 
-    ccfg = {"pdl_max_programs": 132, "native_runs": 8}
-    assert _native_runs(programs, block_s, partial_16, ccfg, 132) == want, (programs, block_s, partial_16)
-    assert _native_runs(programs, block_s, partial_16, {"pdl_max_programs": 132}, 132) == 1  # not asked for
+    assert _native_runs(programs, block_s, partial_16, 8, 132) == want, (programs, block_s, partial_16)
+    assert _native_runs(programs, block_s, partial_16, 1, 132) == 1  # not asked for
     # a cap that is no power of two rounds down (the A/B script's c_native_runs=3: 2, no PDL at 512)
-    assert _native_runs(512, 16, True, {**ccfg, "native_runs": 3}, 132) == 1
-    assert _native_runs(256, 16, True, {**ccfg, "native_runs": 3}, 132) == 2
+    assert _native_runs(512, 16, True, 3, 132) == 1
+    assert _native_runs(256, 16, True, 3, 132) == 2
     # a GPU of fewer SMs (an H100 PCIe: 114) takes more runs, or none where even 8 do not fit
-    assert _native_runs(512, 16, True, ccfg, 114) == 8 and _native_runs(1024, 16, True, ccfg, 114) == 1
+    assert _native_runs(512, 16, True, 8, 114) == 8 and _native_runs(1024, 16, True, 8, 114) == 1
 
 
 @pytest.mark.parametrize("capability", [(8, 0), (8, 9), (10, 0), (12, 0)])

@@ -202,13 +202,14 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
         cmeta, copts = launch_parts(ccfg)
         # one program per SM at most: the setting's count, capped by this GPU's SMs
         pdl_programs = min(ccfg.get("pdl_max_programs", 0), platform.num_compute_units())
+        block_s = max(2, triton.next_power_of_2(splits))
         if (cfg.get("partial_native") and name in PARTIAL_NATIVE_KERNELS and heads % NATIVE_HEADS == 0
                 and heads > NATIVE_HEADS):
             meta["PARTIAL_NATIVE"] = cfg["partial_native"]
             if cfg["partial_native"] == 2:
                 cmeta["PARTIAL_16"] = 1
-            runs = _native_runs(rows * head_blocks * (D_V // 8), max(2, triton.next_power_of_2(splits)),
-                                cfg["partial_native"] == 2, ccfg, pdl_programs)
+            runs = _native_runs(rows * head_blocks * (D_V // 8), block_s, cfg["partial_native"] == 2,
+                                ccfg.get("native_runs", 1), pdl_programs)
             if runs > 1:
                 cmeta["RUNS"] = runs
                 copts["num_warps"] = 4 * runs
@@ -224,22 +225,22 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
             cmeta.update(PDL=1, HOLD_SMEM=ccfg.get("pdl_hold_smem", 0))
             copts["launch_pdl"] = True
             meta.setdefault("LAUNCH_DEPENDENTS", 1)
-        combine = make_launch(combine_fn, (combine_grid,),
-                              BLOCK_S=max(2, triton.next_power_of_2(splits)), D_NOPE=D_V, **cmeta, **copts)
+        combine = make_launch(combine_fn, (combine_grid,), BLOCK_S=block_s, D_NOPE=D_V, **cmeta, **copts)
     main = make_launch(kernel, (ctas,), D_NOPE=D_V, D_ROPE=D_ROPE,
                        DIRECT=splits == 1, **meta, **opts)
     return LaunchPlan(FLASHMLA, rows, heads, topk, splits, split_len, head_blocks, name, main, combine)
 
 
-def _native_runs(programs: int, block_s: int, partial_16: bool, ccfg: dict[str, Any], pdl_programs: int) -> int:
+def _native_runs(programs: int, block_s: int, partial_16: bool, native_runs: int, pdl_programs: int) -> int:
     """Runs of 8 columns per program of the native combine (four warps each): the fewest, a
-    power of two up to ``native_runs``, that bring its ``programs`` (at one run each) down to
-    ``pdl_programs`` (one per SM), so that it can be a programmatic dependent launch; 1 where
-    none does (the combine then runs as a plain launch of one-run programs).
-    A thread holds ``4 * block_s`` partial values at any runs, and a program of ``4 * runs``
-    warps leaves it ``512 / runs`` registers: ptxas (sm_90) spills from ``runs * block_s`` 256
-    with 16-bit partials (``partial_16``) and 128 with f32 ones, so runs stay below that."""
-    most = min(ccfg.get("native_runs", 1), max(1, (128 if partial_16 else 64) // block_s))
+    power of two up to ``native_runs`` (the combine setting's), that bring its ``programs`` (at
+    one run each) down to ``pdl_programs`` (one per SM), so that it can be a programmatic
+    dependent launch; 1 where none does (the combine then runs as a plain launch of one-run
+    programs). A thread holds ``4 * block_s`` partial values at any runs, and a program of
+    ``4 * runs`` warps leaves it ``512 / runs`` registers: ptxas (sm_90) spills from
+    ``runs * block_s`` 256 with 16-bit partials (``partial_16``) and 128 with f32 ones, so runs
+    stay below that."""
+    most = min(native_runs, max(1, (128 if partial_16 else 64) // block_s))
     runs = 1
     while 2 * runs <= most and programs > runs * pdl_programs:
         runs *= 2
