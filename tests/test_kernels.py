@@ -668,3 +668,39 @@ def test_sm90_partials_in_the_accumulator_order(monkeypatch, rows, heads, kv_fp8
         assert runs == 1 or (native and plan.combine.kwargs["PDL"] == 1), where  # only to make it a PDL
     else:
         assert not native, where
+
+
+@pytest.mark.parametrize("heads_per", [1, 2, 4])
+def test_head_major_combine_of_several_heads_a_program_matches_float64(heads_per):
+    """flashmla's head-major combine with ``HEADS`` heads a program (the last group partly
+    masked: 5 heads) merges each head's split partials by their lse's exactly as the float64
+    formula does, an empty split (lse -inf) weighing nothing and a head with no valid split
+    getting lse -inf; heads it does not own are left as they were (NaN-poisoned)."""
+    from graphattn.common.platform import triton_interpreter_env
+    from graphattn.kernels.flashmla import _flashmla_combine_kernel
+
+    rows, heads, splits, block_s, d = 3, 5, 3, 4, 512
+    gen = torch.Generator().manual_seed(7 + heads_per)
+    ws_out = torch.randn(rows, block_s, heads, d, generator=gen).to(DEVICE)
+    ws_lse = torch.randn(rows, block_s, heads, generator=gen).to(DEVICE) * 3
+    ws_lse[0, 1, 2] = float("-inf")  # an empty split
+    ws_lse[2, :, 4] = float("-inf")  # a head that saw no valid token
+    out = torch.full((rows, heads, d), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    lse = torch.full((rows, heads), float("nan"), device=DEVICE)
+    grid = (rows * -(-heads // heads_per),)
+    with triton_interpreter_env():  # a no-op where kernels compile
+        _flashmla_combine_kernel[grid](ws_out, ws_lse, out, lse, heads, splits,
+                                       ws_out.stride(0), ws_out.stride(1), ws_out.stride(2), ws_lse.stride(0),
+                                       ws_lse.stride(1), BLOCK_S=block_s, D_NOPE=d, HEADS=heads_per)
+    lse_s = ws_lse[:, :splits].double()
+    top = lse_s.amax(1, keepdim=True)
+    top = torch.where(top.isinf(), torch.zeros_like(top), top)
+    w = (lse_s - top).exp()  # [rows, splits, heads]
+    w_sum = w.sum(1)
+    ref_out = (w[..., None] * ws_out[:, :splits].double()).sum(1) / w_sum.clamp_min(1e-300)[..., None]
+    ref_lse = torch.where(w_sum == 0, float("-inf"), top[:, 0] + w_sum.log())
+    where = f"[flashmla combine HEADS={heads_per}]"
+    assert not out.isnan().any() and not lse.isnan().any(), where
+    torch.testing.assert_close(out.double(), ref_out, atol=1e-2, rtol=1e-2, msg=where)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-5, rtol=1e-5, msg=where)
+    assert out[2, 4].eq(0).all() and lse[2, 4].item() == float("-inf"), where

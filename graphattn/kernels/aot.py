@@ -73,7 +73,7 @@ def _configs(path: str, target: str, kv_fp8: bool = False) -> list[dict[str, Any
 # Constexprs a launch passes or leaves at their defaults (a parameter missing here and from
 # the config would be compiled as a runtime argument).
 _FIXED = {"D_NOPE": 512, "D_ROPE": 64, "DOT_F32": False, "DIRECT": False, "BLOCK_S": 32, "KV_FP8": 0,
-          "PDL": 0, "HOLD_SMEM": 0, "RUNS": 1, "LAUNCH_DEPENDENTS": 0, "CLUSTER": 0, "PARTIAL_NATIVE": 0,
+          "PDL": 0, "HOLD_SMEM": 0, "RUNS": 1, "HEADS": 1, "LAUNCH_DEPENDENTS": 0, "CLUSTER": 0, "PARTIAL_NATIVE": 0,
           "PARTIAL_16": 0, "RING": 0, "IDX_EARLY": 0, **LOOP_DEFAULTS}
 
 

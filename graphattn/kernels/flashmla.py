@@ -65,31 +65,38 @@ def _flashmla_combine_kernel(
     ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr, H, num_splits,
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_S: tl.constexpr, D_NOPE: tl.constexpr, PDL: tl.constexpr = 0, HOLD_SMEM: tl.constexpr = 0,
+    HEADS: tl.constexpr = 1,
 ):
     # HOLD_SMEM: bytes of shared memory the launch reserves for each program (Launch in
     # graphattn.kernels.launch; the code uses none of it), so that programs placed early by a
     # programmatic dependent launch do not share an SM.
-    # One program per (row, head): all of its splits are loaded as one [BLOCK_S, D_NOPE] tile,
-    # so the combine pays one memory latency instead of one per split.
+    # One program per (row, HEADS consecutive heads): all of their splits are loaded as one
+    # [HEADS, BLOCK_S, D_NOPE] tile, so the combine pays one memory latency instead of one per
+    # split; grid rows * cdiv(H, HEADS).
     if PDL:  # launched before the split kernel finished: wait for it (and its stores) here
         gdc_wait()
     pid = tl.program_id(0)
-    h = pid % H
-    row = (pid // H).to(tl.int64)
+    n_hg = tl.cdiv(H, HEADS)
+    h = (pid % n_hg) * HEADS + tl.arange(0, HEADS)
+    row = (pid // n_hg).to(tl.int64)
+    h_mask = h < H
     s_offs = tl.arange(0, BLOCK_S)
-    s_mask = s_offs < num_splits
-    lse_s = tl.load(ws_lse_ptr + row * stride_lr + s_offs * stride_ls + h, mask=s_mask, other=float("-inf"))
-    m = tl.max(lse_s, 0)
+    hs_mask = h_mask[:, None] & (s_offs < num_splits)[None, :]
+    lse_s = tl.load(ws_lse_ptr + row * stride_lr + s_offs[None, :] * stride_ls + h[:, None], mask=hs_mask,
+                    other=float("-inf"))  # [HEADS, BLOCK_S]
+    m = tl.max(lse_s, 1)
     m_ref = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp(lse_s - m_ref)  # 0 for empty and unused splits
-    w_sum = tl.sum(w, 0)
+    w = tl.exp(lse_s - m_ref[:, None])  # 0 for empty and unused splits
+    w_sum = tl.sum(w, 1)
     d = tl.arange(0, D_NOPE)
-    o_ptrs = ws_out_ptr + row * stride_wr + s_offs[:, None] * stride_ws + h * stride_wh + d[None, :]
-    o_s = tl.load(o_ptrs, mask=s_mask[:, None], other=0.0)
-    out = tl.sum(w[:, None] * o_s, 0) / tl.where(w_sum == 0.0, 1.0, w_sum)
+    o_ptrs = (ws_out_ptr + row * stride_wr + s_offs[None, :, None] * stride_ws + h[:, None, None] * stride_wh
+              + d[None, None, :])
+    o_s = tl.load(o_ptrs, mask=hs_mask[:, :, None], other=0.0)
+    out = tl.sum(w[:, :, None] * o_s, 1) / tl.where(w_sum == 0.0, 1.0, w_sum)[:, None]
     lse = tl.where(w_sum == 0.0, float("-inf"), m_ref + tl.log(tl.where(w_sum == 0.0, 1.0, w_sum)))
-    tl.store(out_ptr + (row * H + h) * D_NOPE + d, out.to(out_ptr.dtype.element_ty))
-    tl.store(lse_ptr + row * H + h, lse)
+    tl.store(out_ptr + (row * H + h[:, None]) * D_NOPE + d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=h_mask[:, None])
+    tl.store(lse_ptr + row * H + h, lse, mask=h_mask)
 
 
 # The Gluon kernels (sm_90) a launch config's "kernel" key names: key -> (module, function),
@@ -215,7 +222,11 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
                 copts["num_warps"] = 4 * runs
             combine_fn, combine_grid = _gluon(*NATIVE_COMBINE), rows * head_blocks * (D_V // 8 // runs)
         else:
-            combine_fn, combine_grid = _flashmla_combine_kernel, rows * heads
+            group = _combine_heads(rows, heads, max(2, triton.next_power_of_2(splits)), ccfg)
+            if group > 1:
+                cmeta["HEADS"] = group
+                copts["num_warps"] = min(16, 4 * group)
+            combine_fn, combine_grid = _flashmla_combine_kernel, rows * -(-heads // group)
         # Where the combine has at most ``pdl_max_programs`` programs it is a programmatic
         # dependent launch: its programs are placed on the SMs the split programs leave idle
         # once every split program has started (they say so first thing), each reserving
@@ -245,6 +256,19 @@ def _native_runs(programs: int, block_s: int, partial_16: bool, native_runs: int
     while 2 * runs <= most and programs > runs * pdl_programs:
         runs *= 2
     return runs if programs <= runs * pdl_programs else 1
+
+
+def _combine_heads(rows: int, heads: int, block_s: int, ccfg: dict[str, Any]) -> int:
+    """Heads per program of the head-major combine: the fewest, a power of two up to
+    ``combine_heads``, that bring its ``rows * heads`` one-head programs to
+    ``pdl_max_programs`` (so that it can be a programmatic dependent launch of one program per
+    SM), while a thread of its ``min(16, 4 * heads)`` warps holds at most 64 partial values; 1
+    where none does."""
+    group, most = 1, ccfg.get("combine_heads", 1)
+    fits = lambda g: rows * -(-heads // g) <= ccfg.get("pdl_max_programs", 0)  # noqa: E731
+    while group < most and not fits(group) and (2 * group) * block_s * D_V <= 64 * 32 * min(16, 8 * group):
+        group *= 2
+    return group if fits(group) else 1
 
 
 def plan_flashmla(rows: int, heads: int, topk: int, ws_splits: int, aligned: bool = True,
