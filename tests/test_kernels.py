@@ -465,36 +465,45 @@ def test_sm90_two_splits_merge_in_a_cluster(monkeypatch, rows, heads, topk, kv_f
         assert (plan.combine is None) == (plan.splits == 1), where
 
 
-@pytest.mark.parametrize("heads,rows,topk,kv_fp8,programs,runs", [
+@pytest.mark.parametrize("heads,rows,topk,kv_fp8,programs,per", [
     (128, 1, 2048, False, 128, 1), (64, 2, 2048, False, 128, 1), (96, 1, 2048, False, 128, 1),  # wgmma_ws
     (16, 1, 2048, False, 16, 1), (64, 1, 2048, False, 64, 1),  # the tokens-major tile, the head-major combine
     (16, 4, 2048, False, 64, 1), (16, 8, 2048, False, 128, 1), (16, 8, 2048, True, 128, 1),  # wgmma_tn
     # the native combine of wgmma_rr (bf16) and wgmma_ws (FP8) at 2-8 rows: wider programs
     (128, 2, 2048, False, 128, 2), (64, 8, 2048, False, 128, 4), (128, 8, 2048, False, 128, 8),
     (64, 8, 2048, True, 128, 4), (128, 8, 2048, True, 128, 8), (128, 3, 32768, False, 96, 4),
-    # wgmma_tn's head-major combine: 256 programs (no runs); the native combine's 2048 one-run
+    # wgmma_tn's head-major combine: several heads a program (16 x 16: 2, 16 x 24: 4, 20 x 64:
+    # 16, the last group partly masked; FP8 16 x 64: 8); the native combine's 2048 one-run
     # programs are 256 at its most runs
-    (16, 16, 2048, False, 0, 1), (128, 16, 2048, False, 0, 1),
+    (16, 16, 2048, False, 128, 2), (16, 24, 2077, False, 96, 4), (20, 64, 2077, False, 128, 16),
+    (16, 64, 2048, True, 128, 8), (128, 16, 2048, False, 0, 1),
 ])
 def test_sm90_combine_of_one_wave_is_a_pdl_one_program_per_sm(monkeypatch, heads, rows, topk, kv_fp8, programs,
-                                                               runs):
+                                                               per):
     """On sm_90 flashmla's combine is a programmatic dependent launch wherever it has at most one
     program per SM (``programs`` of them; 0: more): its programs reserve ``COMBINE_HOLD_SMEM``
     of shared memory, more than half an SM's, so that, placed while the split kernel runs, no
-    two share an SM, and the split kernel signals them first thing (``LAUNCH_DEPENDENTS``). The
-    native combine takes ``runs`` runs of 8 columns a program (``4 * runs`` warps) to get there.
-    A larger combine is a plain launch after the split kernel."""
+    two share an SM, and the split kernel signals them first thing (``LAUNCH_DEPENDENTS``). To
+    get there the native combine takes ``per`` runs of 8 columns a program (``4 * per`` warps),
+    the head-major one ``per`` heads (``min(16, 4 * per)`` warps). A larger combine is a plain
+    launch after the split kernel."""
     cuda_configs = _plan_as_h200(monkeypatch)
     plan = _fresh_plan(rows, heads, topk, 32, kv_fp8)
     combine = plan.combine
     where = f"[flashmla {heads}x{rows}x{topk} fp8={kv_fp8}] {plan.kernel} {combine!r}"
     assert combine is not None and plan.splits > 1, where
     assert cuda_configs.COMBINE_HOLD_SMEM * 2 > 228 * 1024, "one program per SM of an H200"
-    assert combine.kwargs.get("RUNS", 1) == runs and combine.kwargs["num_warps"] == 4 * runs, where
+    native = combine.name == "_flashmla_combine_native_kernel"
+    runs, group = (per, 1) if native else (1, per)
+    assert combine.kwargs.get("RUNS", 1) == runs and combine.kwargs.get("HEADS", 1) == group, where
+    assert combine.kwargs["num_warps"] == (4 * runs if native else min(16, 4 * group)), where
     if runs > 1:
         heads_blocks = -(-heads // 64)
         assert combine.grid == (rows * heads_blocks * 64 // runs,), where
         assert runs * combine.kwargs["BLOCK_S"] <= 128, where  # no spills (ptxas, sm_90)
+    if group > 1:
+        assert combine.grid == (rows * -(-heads // group),), where
+        assert group * combine.kwargs["BLOCK_S"] * 512 <= 64 * 32 * combine.kwargs["num_warps"], where
     if programs:
         assert combine.grid == (programs,), where
         assert combine.kwargs["PDL"] == 1 and combine.kwargs["launch_pdl"] is True, where
@@ -525,6 +534,26 @@ def test_native_combine_runs_are_the_fewest_that_fit_one_wave(programs, block_s,
     assert _native_runs(256, 16, True, 3, 132) == 2
     # a GPU of fewer SMs (an H100 PCIe: 114) takes more runs, or none where even 8 do not fit
     assert _native_runs(512, 16, True, 8, 114) == 8 and _native_runs(1024, 16, True, 8, 114) == 1
+
+
+@pytest.mark.parametrize("rows,heads,block_s,want", [
+    (8, 16, 16, 1), (9, 16, 16, 2), (16, 16, 8, 2), (32, 16, 4, 4), (64, 16, 2, 8), (64, 32, 2, 16),
+    (64, 20, 2, 16),  # 20 heads: groups of 16 and 4 (masked)
+    (33, 16, 16, 4), (33, 16, 32, 1),  # 2 heads a program would hold 128 values a thread at 32 splits
+    (128, 32, 2, 1),  # 16 heads a program still leaves 256 programs
+])
+def test_head_major_combine_takes_the_fewest_heads_that_fit_one_wave(rows, heads, block_s, want):
+    """The head-major combine's heads a program: the fewest powers of two up to
+    ``combine_heads`` that bring its ``rows * heads`` programs to ``pdl_max_programs``, while a
+    thread of its ``min(16, 4 * HEADS)`` warps holds at most 64 partial values; 1 where none
+    does."""
+    from graphattn.kernels.flashmla import _combine_heads
+
+    ccfg = {"combine_heads": 16, "pdl_max_programs": 132}
+    assert _combine_heads(rows, heads, block_s, ccfg) == want, (rows, heads, block_s)
+    assert _combine_heads(rows, heads, block_s, {**ccfg, "combine_heads": 1}) == 1  # not asked for
+    assert _combine_heads(64, 16, 2, {"combine_heads": 16}) == 1  # no PDL on this GPU
+    assert _combine_heads(64, 16, 2, {**ccfg, "combine_heads": 4}) == 1  # 4 heads leave 256 programs
 
 
 @pytest.mark.parametrize("capability", [(8, 0), (8, 9), (10, 0), (12, 0)])
@@ -664,8 +693,11 @@ def test_sm90_partials_in_the_accumulator_order(monkeypatch, rows, heads, kv_fp8
         # partials in q's dtype (the launch setting's 2) are read so by the combine
         assert plan.combine.kwargs.get("PARTIAL_16", 0) == (plan.main.kwargs.get("PARTIAL_NATIVE") == 2), where
         runs = plan.combine.kwargs.get("RUNS", 1)  # runs of 8 columns a program (native: 1-8)
-        assert plan.combine.grid == ((rows * -(-heads // 64) * 64 // runs,) if native else (rows * heads,)), where
+        group = plan.combine.kwargs.get("HEADS", 1)  # heads a program (head-major: 1-16)
+        assert plan.combine.grid == ((rows * -(-heads // 64) * 64 // runs,) if native
+                                     else (rows * -(-heads // group),)), where
         assert runs == 1 or (native and plan.combine.kwargs["PDL"] == 1), where  # only to make it a PDL
+        assert group == 1 or (not native and plan.combine.kwargs["PDL"] == 1), where
     else:
         assert not native, where
 

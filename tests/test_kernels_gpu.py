@@ -162,6 +162,59 @@ def test_flashmla_heads_on_n_kernel(heads, rows, topk, kind):
     assert torch.all(lse[rows - 1] == float("-inf")) and torch.all(out[rows - 1] == 0), f"[flashmla ({name})] empty row"
 
 
+@pytest.mark.parametrize("heads,rows,topk,kind,group", [
+    (16, 16, 2048, "bf16", 2), (16, 24, 2077, "fp16", 4), (20, 64, 2077, "bf16", 16), (16, 64, 2048, "fp8", 8),
+    (7, 33, 2077, "fp8", 2),
+])
+def test_flashmla_head_major_combine_of_several_heads_a_program(heads, rows, topk, kind, group):
+    """Where wgmma_tn's head-major combine would have more programs than SMs, sm_90's plan gives
+    each ``group`` heads (``HEADS``; 20 and 7 heads: the last group partly masked) and launches it
+    as a programmatic dependent launch of one program per SM; eager and replayed from a CUDA
+    graph, with -1 and out-of-range indices and an all-invalid row, it gives the float64
+    reference of the (dequantised) cache."""
+    from graphattn.common.metadata import GraphMetadata
+    from graphattn.common.platform import current_platform
+    from graphattn.cuda.configs import gluon_available
+    from graphattn.kernels import sparse_mla_flashmla, split_plan
+    from graphattn.kernels.flashmla import plan_flashmla
+    from test_kernels_fp8 import check_fp8, fp8_inputs
+
+    if torch.version.hip is not None or torch.cuda.get_device_capability() != (9, 0) or not gluon_available():
+        pytest.skip("several heads a combine program is sm_90's plan (Gluon kernels)")
+    dtype = torch.float16 if kind == "fp16" else torch.bfloat16
+    pool = rows * 2048 + 4096
+    fmt = current_platform().fp8_dtype
+    if kind == "fp8":
+        q, kv, idx = fp8_inputs(rows, heads, topk, pool, dtype, fmt)
+    else:
+        q, kv, idx = make_inputs(rows, heads, topk, pool=pool, dtype=dtype)
+    idx[rows - 1] = -1
+    where = f"[flashmla {heads} heads x {rows} rows x topk {topk} {kind}]"
+    plan = plan_flashmla(rows, heads, topk, 32, kv_fp8=kind == "fp8")
+    combine = plan.combine
+    assert plan.kernel == "wgmma_tn" and combine is not None, f"{where} {plan.kernel} {combine!r}"
+    assert combine.kwargs.get("HEADS") == group and combine.kwargs.get("PDL") == 1, f"{where} {combine!r}"
+    assert combine.grid == (rows * -(-heads // group),), f"{where} {combine!r}"
+
+    def check(out, lse, how):
+        if kind == "fp8":
+            check_fp8(f"flashmla (wgmma_tn) {kind} {how}", q, kv, idx, SCALE, out, lse, None, fmt)
+        else:
+            check_against_reference(f"flashmla (wgmma_tn) {kind} {how}", q, kv, idx, SCALE, out, lse)
+        assert torch.all(lse[rows - 1] == float("-inf")) and torch.all(out[rows - 1] == 0), f"{where} {how}: empty row"
+
+    out, lse, _ = run_path("flashmla", q, kv, idx, SCALE)
+    check(out, lse, "eager")
+    md = GraphMetadata(rows, heads, topk, dtype, "cuda", **split_plan("flashmla", heads, topk).metadata_kwargs())
+    graph, g_out, g_lse = _capture(lambda *t: sparse_mla_flashmla(*t, SCALE, *md.workspace_for(rows)), (q, kv, idx))
+    for _ in range(2):
+        g_out.fill_(float("nan"))
+        g_lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(g_out, g_lse, "graph replay")
+
+
 @pytest.mark.parametrize("heads,rows,topk", [(16, 1, 2000), (13, 3, 2048), (32, 1, 2048), (20, 8, 1999)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_flashmla_fp8_few_rows_run_the_ring(heads, rows, topk, dtype):

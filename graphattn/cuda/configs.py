@@ -269,10 +269,19 @@ _COMBINE = {"num_warps": 4, "num_stages": 1}
 # machine) 128 x 2 12.08 -> 11.39, 64 x 4 12.75 -> 11.99, 128 x 4 13.27 -> 12.79, 32 x 8 14.33 ->
 # 13.49, 64 x 8 15.66 -> 14.78, 128 x 8 18.17 -> 17.65, FP8 64 x 8 18.47 -> 17.56, FP8 128 x 8
 # 23.68 -> 23.74.
+# The head-major combine (wgmma_tn's and the tokens-major tile's f32 partials) has one program per
+# (row, head): 256-2048 at 16-32 heads x 16-64 rows. Up to COMBINE_HEADS heads a program
+# (``HEADS``, four warps a head up to 16) bring it to one program per SM, and so to the PDL.
+# A/B on the H200 (us, kernel table method, fifteenth session, wgmma_tn, one head a program ->
+# 16 at most): 16 x 16 19.93 -> 18.13 (2 heads), 16 x 32 32.86 -> 28.53 (4), 16 x 64 47.20 ->
+# 46.79 (8), 32 x 64 53.20 -> 52.49 (16); FP8 16 x 16 21.20 -> 19.35, 16 x 32 36.07 -> 31.74,
+# 16 x 64 53.93 -> 53.51. With at most 4 heads a program (none fitting at 64 rows): 16 x 64
+# 47.20, 32 x 64 53.14.
 COMBINE_HOLD_SMEM = 120_000
 NATIVE_COMBINE_RUNS = 8
+COMBINE_HEADS = 16
 _COMBINE_PDL_HOST = {"pdl_max_programs": SM90_SMS, "pdl_hold_smem": COMBINE_HOLD_SMEM,
-                     "native_runs": NATIVE_COMBINE_RUNS}
+                     "native_runs": NATIVE_COMBINE_RUNS, "combine_heads": COMBINE_HEADS}
 # "flashmla_triton": flashmla's heads-major Triton tiles only, for inputs that are not 16-byte
 # aligned (neither the wgmma kernel nor the tokens-major tile can take them).
 _PATHS = ("flashmla", "flashmla_triton", "trtllm", "mega", "flashmla_combine")
@@ -328,7 +337,12 @@ def all_configs(path: str, kv_fp8: bool = False) -> list[dict[str, Any]]:
         # the plan gives it (graphattn.kernels.flashmla._native_runs)
         runs = [{**pdl, "RUNS": r, "BLOCK_S": min(32, 128 // r), "num_warps": 4 * r}
                 for r in (2, 4, 8) if r <= NATIVE_COMBINE_RUNS]
-        return [dict(_COMBINE), pdl] + runs
+        # the head-major combine's several heads a program (HEADS: its constexpr only), each at
+        # the most splits the plan gives it (graphattn.kernels.flashmla._combine_heads: a thread
+        # holds at most 64 partial values)
+        heads = [{**pdl, "HEADS": h, "BLOCK_S": min(32, 64 * 32 * min(16, 4 * h) // (h * 512)),
+                  "num_warps": min(16, 4 * h)} for h in (2, 4, 8, 16) if h <= COMBINE_HEADS]
+        return [dict(_COMBINE), pdl] + runs + heads
     gluon = path == "flashmla" and gluon_available()
     tn = [_tn_fp8(t) if kv_fp8 else dict(t) for t in _WGMMA_TN_TILES.values()] if gluon else []
     if kv_fp8:
