@@ -75,28 +75,49 @@ def _flashmla_combine_kernel(
     # split; grid rows * cdiv(H, HEADS).
     if PDL:  # launched before the split kernel finished: wait for it (and its stores) here
         gdc_wait()
-    pid = tl.program_id(0)
-    n_hg = tl.cdiv(H, HEADS)
-    h = (pid % n_hg) * HEADS + tl.arange(0, HEADS)
-    row = (pid // n_hg).to(tl.int64)
-    h_mask = h < H
-    s_offs = tl.arange(0, BLOCK_S)
-    hs_mask = h_mask[:, None] & (s_offs < num_splits)[None, :]
-    lse_s = tl.load(ws_lse_ptr + row * stride_lr + s_offs[None, :] * stride_ls + h[:, None], mask=hs_mask,
-                    other=float("-inf"))  # [HEADS, BLOCK_S]
-    m = tl.max(lse_s, 1)
-    m_ref = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp(lse_s - m_ref[:, None])  # 0 for empty and unused splits
-    w_sum = tl.sum(w, 1)
-    d = tl.arange(0, D_NOPE)
-    o_ptrs = (ws_out_ptr + row * stride_wr + s_offs[None, :, None] * stride_ws + h[:, None, None] * stride_wh
-              + d[None, None, :])
-    o_s = tl.load(o_ptrs, mask=hs_mask[:, :, None], other=0.0)
-    out = tl.sum(w[:, :, None] * o_s, 1) / tl.where(w_sum == 0.0, 1.0, w_sum)[:, None]
-    lse = tl.where(w_sum == 0.0, float("-inf"), m_ref + tl.log(tl.where(w_sum == 0.0, 1.0, w_sum)))
-    tl.store(out_ptr + (row * H + h[:, None]) * D_NOPE + d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=h_mask[:, None])
-    tl.store(lse_ptr + row * H + h, lse, mask=h_mask)
+    if HEADS == 1:
+        # [BLOCK_S, D_NOPE]: the [1, BLOCK_S, D_NOPE] tile below took its reduction over the
+        # splits through shared memory (7 barriers; 16 heads x 1 row 8.8 -> 9.7 us on the H200)
+        pid = tl.program_id(0)
+        h = pid % H
+        row = (pid // H).to(tl.int64)
+        s_offs = tl.arange(0, BLOCK_S)
+        s_mask = s_offs < num_splits
+        lse_s = tl.load(ws_lse_ptr + row * stride_lr + s_offs * stride_ls + h, mask=s_mask, other=float("-inf"))
+        m = tl.max(lse_s, 0)
+        m_ref = tl.where(m == float("-inf"), 0.0, m)
+        w = tl.exp(lse_s - m_ref)  # 0 for empty and unused splits
+        w_sum = tl.sum(w, 0)
+        d = tl.arange(0, D_NOPE)
+        o_s = tl.load(ws_out_ptr + row * stride_wr + s_offs[:, None] * stride_ws + h * stride_wh + d[None, :],
+                      mask=s_mask[:, None], other=0.0)
+        out = tl.sum(w[:, None] * o_s, 0) / tl.where(w_sum == 0.0, 1.0, w_sum)
+        lse = tl.where(w_sum == 0.0, float("-inf"), m_ref + tl.log(tl.where(w_sum == 0.0, 1.0, w_sum)))
+        tl.store(out_ptr + (row * H + h) * D_NOPE + d, out.to(out_ptr.dtype.element_ty))
+        tl.store(lse_ptr + row * H + h, lse)
+    else:
+        pid = tl.program_id(0)
+        n_hg = tl.cdiv(H, HEADS)
+        h = (pid % n_hg) * HEADS + tl.arange(0, HEADS)
+        row = (pid // n_hg).to(tl.int64)
+        h_mask = h < H
+        s_offs = tl.arange(0, BLOCK_S)
+        hs_mask = h_mask[:, None] & (s_offs < num_splits)[None, :]
+        lse_s = tl.load(ws_lse_ptr + row * stride_lr + s_offs[None, :] * stride_ls + h[:, None], mask=hs_mask,
+                        other=float("-inf"))  # [HEADS, BLOCK_S]
+        m = tl.max(lse_s, 1)
+        m_ref = tl.where(m == float("-inf"), 0.0, m)
+        w = tl.exp(lse_s - m_ref[:, None])  # 0 for empty and unused splits
+        w_sum = tl.sum(w, 1)
+        d = tl.arange(0, D_NOPE)
+        o_ptrs = (ws_out_ptr + row * stride_wr + s_offs[None, :, None] * stride_ws + h[:, None, None] * stride_wh
+                  + d[None, None, :])
+        o_s = tl.load(o_ptrs, mask=hs_mask[:, :, None], other=0.0)
+        out = tl.sum(w[:, :, None] * o_s, 1) / tl.where(w_sum == 0.0, 1.0, w_sum)[:, None]
+        lse = tl.where(w_sum == 0.0, float("-inf"), m_ref + tl.log(tl.where(w_sum == 0.0, 1.0, w_sum)))
+        tl.store(out_ptr + (row * H + h[:, None]) * D_NOPE + d[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=h_mask[:, None])
+        tl.store(lse_ptr + row * H + h, lse, mask=h_mask)
 
 
 # The Gluon kernels (sm_90) a launch config's "kernel" key names: key -> (module, function),
