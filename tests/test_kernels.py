@@ -472,11 +472,13 @@ def test_sm90_two_splits_merge_in_a_cluster(monkeypatch, rows, heads, topk, kv_f
     # the native combine of wgmma_rr (bf16) and wgmma_ws (FP8) at 2-8 rows: wider programs
     (128, 2, 2048, False, 128, 2), (64, 8, 2048, False, 128, 4), (128, 8, 2048, False, 128, 8),
     (64, 8, 2048, True, 128, 4), (128, 8, 2048, True, 128, 8), (128, 3, 32768, False, 96, 4),
-    # wgmma_tn's head-major combine: several heads a program (16 x 16: 2, 16 x 24: 4, 20 x 64:
-    # 16, the last group partly masked; FP8 16 x 64: 8); the native combine's 2048 one-run
-    # programs are 256 at its most runs
-    (16, 16, 2048, False, 128, 2), (16, 24, 2077, False, 96, 4), (20, 64, 2077, False, 128, 16),
-    (16, 64, 2048, True, 128, 8), (128, 16, 2048, False, 0, 1),
+    # wgmma_tn's head-major combine: several heads a program (16 x 16: 2, 16 x 24: 4, 13 x 20:
+    # 4, the last group partly masked; FP8 32 x 5: 2); at 64 rows 4 heads leave 256-512
+    # programs (16 x 64, FP8 20 x 64); the native combine's 2048 one-run programs are 256 at
+    # its most runs
+    (16, 16, 2048, False, 128, 2), (16, 24, 2077, False, 96, 4), (13, 20, 2077, False, 80, 4),
+    (32, 5, 2048, True, 80, 2), (16, 64, 2048, False, 0, 1), (20, 64, 2077, True, 0, 1),
+    (128, 16, 2048, False, 0, 1),
 ])
 def test_sm90_combine_of_one_wave_is_a_pdl_one_program_per_sm(monkeypatch, heads, rows, topk, kv_fp8, programs,
                                                                per):
@@ -544,16 +546,18 @@ def test_native_combine_runs_are_the_fewest_that_fit_one_wave(programs, block_s,
 ])
 def test_head_major_combine_takes_the_fewest_heads_that_fit_one_wave(rows, heads, block_s, want):
     """The head-major combine's heads a program: the fewest powers of two up to
-    ``combine_heads`` that bring its ``rows * heads`` programs to ``pdl_max_programs``, while a
+    ``combine_heads`` that bring its ``rows * heads`` programs to ``pdl_programs``, while a
     thread of its ``min(16, 4 * HEADS)`` warps holds at most 64 partial values; 1 where none
     does."""
     from graphattn.kernels.flashmla import _combine_heads
 
-    ccfg = {"combine_heads": 16, "pdl_max_programs": 132}
-    assert _combine_heads(rows, heads, block_s, ccfg) == want, (rows, heads, block_s)
-    assert _combine_heads(rows, heads, block_s, {**ccfg, "combine_heads": 1}) == 1  # not asked for
-    assert _combine_heads(64, 16, 2, {"combine_heads": 16}) == 1  # no PDL on this GPU
-    assert _combine_heads(64, 16, 2, {**ccfg, "combine_heads": 4}) == 1  # 4 heads leave 256 programs
+    assert _combine_heads(rows, heads, block_s, 16, 132) == want, (rows, heads, block_s)
+    assert _combine_heads(rows, heads, block_s, 1, 132) == 1  # not asked for
+    assert _combine_heads(64, 16, 2, 16, 0) == 1  # no PDL on this GPU
+    assert _combine_heads(64, 16, 2, 4, 132) == 1  # 4 heads leave 256 programs
+    assert _combine_heads(16, 16, 8, 3, 132) == 2  # a cap that is no power of two rounds down
+    # a GPU of fewer SMs (an H20: 78) takes more heads, or none where even the most do not fit
+    assert _combine_heads(16, 16, 8, 16, 78) == 4 and _combine_heads(64, 16, 2, 4, 78) == 1
 
 
 @pytest.mark.parametrize("capability", [(8, 0), (8, 9), (10, 0), (12, 0)])
@@ -564,7 +568,7 @@ def test_combine_is_a_plain_launch_outside_sm90(capability):
     from graphattn.cuda import configs as cuda_configs
 
     cfg = cuda_configs.kernel_config("flashmla_combine", 1, 128, 2048, capability=capability)
-    assert "pdl_max_programs" not in cfg and "PDL" not in cfg, cfg
+    assert not {"pdl_max_programs", "PDL", "native_runs", "combine_heads"} & set(cfg), cfg
 
 
 @pytest.mark.parametrize("heads,rows,want", [
@@ -707,7 +711,8 @@ def test_head_major_combine_of_several_heads_a_program_matches_float64(heads_per
     """flashmla's head-major combine with ``HEADS`` heads a program (the last group partly
     masked: 5 heads) merges each head's split partials by their lse's exactly as the float64
     formula does, an empty split (lse -inf) weighing nothing and a head with no valid split
-    getting lse -inf; heads it does not own are left as they were (NaN-poisoned)."""
+    getting lse -inf; the heads past the last one (a partly-masked group's) are not written
+    (the buffers' NaN-poisoned tail past ``rows * heads`` stays NaN)."""
     from graphattn.common.platform import triton_interpreter_env
     from graphattn.kernels.flashmla import _flashmla_combine_kernel
 
@@ -717,8 +722,10 @@ def test_head_major_combine_of_several_heads_a_program_matches_float64(heads_per
     ws_lse = torch.randn(rows, block_s, heads, generator=gen).to(DEVICE) * 3
     ws_lse[0, 1, 2] = float("-inf")  # an empty split
     ws_lse[2, :, 4] = float("-inf")  # a head that saw no valid token
-    out = torch.full((rows, heads, d), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-    lse = torch.full((rows, heads), float("nan"), device=DEVICE)
+    # the outputs at the front of buffers with room for a whole group more, poisoned
+    out_buf = torch.full(((rows * heads + heads_per) * d,), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    lse_buf = torch.full((rows * heads + heads_per,), float("nan"), device=DEVICE)
+    out, lse = out_buf[:rows * heads * d].view(rows, heads, d), lse_buf[:rows * heads].view(rows, heads)
     grid = (rows * -(-heads // heads_per),)
     with triton_interpreter_env():  # a no-op where kernels compile
         _flashmla_combine_kernel[grid](ws_out, ws_lse, out, lse, heads, splits,
@@ -736,3 +743,4 @@ def test_head_major_combine_of_several_heads_a_program_matches_float64(heads_per
     torch.testing.assert_close(out.double(), ref_out, atol=1e-2, rtol=1e-2, msg=where)
     torch.testing.assert_close(lse.double(), ref_lse, atol=1e-5, rtol=1e-5, msg=where)
     assert out[2, 4].eq(0).all() and lse[2, 4].item() == float("-inf"), where
+    assert out_buf[rows * heads * d:].isnan().all() and lse_buf[rows * heads:].isnan().all(), f"{where} wrote past H"

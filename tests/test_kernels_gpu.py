@@ -163,15 +163,15 @@ def test_flashmla_heads_on_n_kernel(heads, rows, topk, kind):
 
 
 @pytest.mark.parametrize("heads,rows,topk,kind,group", [
-    (16, 16, 2048, "bf16", 2), (16, 24, 2077, "fp16", 4), (20, 64, 2077, "bf16", 16), (16, 64, 2048, "fp8", 8),
+    (16, 16, 2048, "bf16", 2), (16, 24, 2077, "fp16", 4), (13, 20, 2077, "bf16", 4), (32, 5, 2048, "fp8", 2),
     (7, 33, 2077, "fp8", 2),
 ])
 def test_flashmla_head_major_combine_of_several_heads_a_program(heads, rows, topk, kind, group):
-    """Where wgmma_tn's head-major combine would have more programs than SMs, sm_90's plan gives
-    each ``group`` heads (``HEADS``; 20 and 7 heads: the last group partly masked) and launches it
-    as a programmatic dependent launch of one program per SM; eager and replayed from a CUDA
-    graph, with -1 and out-of-range indices and an all-invalid row, it gives the float64
-    reference of the (dequantised) cache."""
+    """Where wgmma_tn's head-major combine would have more programs than SMs (an H200's 132),
+    sm_90's plan gives each ``group`` heads (``HEADS``; 13 and 7 heads: the last group partly
+    masked) and launches it as a programmatic dependent launch of one program per SM; eager and
+    replayed from a CUDA graph, with -1 and out-of-range indices and an all-invalid row, it
+    gives the float64 reference of the (dequantised) cache."""
     from graphattn.common.metadata import GraphMetadata
     from graphattn.common.platform import current_platform
     from graphattn.cuda.configs import gluon_available
@@ -181,6 +181,8 @@ def test_flashmla_head_major_combine_of_several_heads_a_program(heads, rows, top
 
     if torch.version.hip is not None or torch.cuda.get_device_capability() != (9, 0) or not gluon_available():
         pytest.skip("several heads a combine program is sm_90's plan (Gluon kernels)")
+    if current_platform().num_compute_units() != 132:
+        pytest.skip("the expected plans are an H200's (132 SMs)")
     dtype = torch.float16 if kind == "fp16" else torch.bfloat16
     pool = rows * 2048 + 4096
     fmt = current_platform().fp8_dtype
@@ -190,7 +192,9 @@ def test_flashmla_head_major_combine_of_several_heads_a_program(heads, rows, top
         q, kv, idx = make_inputs(rows, heads, topk, pool=pool, dtype=dtype)
     idx[rows - 1] = -1
     where = f"[flashmla {heads} heads x {rows} rows x topk {topk} {kind}]"
-    plan = plan_flashmla(rows, heads, topk, 32, kv_fp8=kind == "fp8")
+    md = GraphMetadata(rows, heads, topk, dtype, "cuda", **split_plan("flashmla", heads, topk).metadata_kwargs())
+    ws_splits = md.workspace_splits(rows)
+    plan = plan_flashmla(rows, heads, topk, ws_splits, kv_fp8=kind == "fp8")
     combine = plan.combine
     assert plan.kernel == "wgmma_tn" and combine is not None, f"{where} {plan.kernel} {combine!r}"
     assert combine.kwargs.get("HEADS") == group and combine.kwargs.get("PDL") == 1, f"{where} {combine!r}"
@@ -205,7 +209,6 @@ def test_flashmla_head_major_combine_of_several_heads_a_program(heads, rows, top
 
     out, lse, _ = run_path("flashmla", q, kv, idx, SCALE)
     check(out, lse, "eager")
-    md = GraphMetadata(rows, heads, topk, dtype, "cuda", **split_plan("flashmla", heads, topk).metadata_kwargs())
     graph, g_out, g_lse = _capture(lambda *t: sparse_mla_flashmla(*t, SCALE, *md.workspace_for(rows)), (q, kv, idx))
     for _ in range(2):
         g_out.fill_(float("nan"))

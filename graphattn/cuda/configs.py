@@ -269,17 +269,21 @@ _COMBINE = {"num_warps": 4, "num_stages": 1}
 # machine) 128 x 2 12.08 -> 11.39, 64 x 4 12.75 -> 11.99, 128 x 4 13.27 -> 12.79, 32 x 8 14.33 ->
 # 13.49, 64 x 8 15.66 -> 14.78, 128 x 8 18.17 -> 17.65, FP8 64 x 8 18.47 -> 17.56, FP8 128 x 8
 # 23.68 -> 23.74.
-# The head-major combine (wgmma_tn's and the tokens-major tile's f32 partials) has one program per
-# (row, head): 256-2048 at 16-32 heads x 16-64 rows. Up to COMBINE_HEADS heads a program
-# (``HEADS``, four warps a head up to 16) bring it to one program per SM, and so to the PDL.
-# A/B on the H200 (us, kernel table method, fifteenth session, wgmma_tn, one head a program ->
-# 16 at most): 16 x 16 19.93 -> 18.13 (2 heads), 16 x 32 32.86 -> 28.53 (4), 16 x 64 47.20 ->
-# 46.79 (8), 32 x 64 53.20 -> 52.49 (16); FP8 16 x 16 21.20 -> 19.35, 16 x 32 36.07 -> 31.74,
-# 16 x 64 53.93 -> 53.51. With at most 4 heads a program (none fitting at 64 rows): 16 x 64
-# 47.20, 32 x 64 53.14.
+# wgmma_tn's head-major combine (graphattn.kernels.flashmla.HEADS_COMBINE_KERNELS) has one
+# program per (row, head): over 132 from 9 rows at 16 heads (5 at 32 with FP8 tokens), 2048 at
+# 32 x 64. Up to COMBINE_HEADS heads a program (``HEADS``, four warps a head) bring it to one
+# program per SM, and so to the PDL.
+# A/B on the H200 (us, kernel table method, fifteenth session, e44d0c2): 16 x 16 19.93 -> 18.13
+# (2 heads), 16 x 32 32.86 -> 28.55 (4), FP8 16 x 16 21.20 -> 19.35, FP8 16 x 32 36.07 -> 31.74.
+# Its one-head arm ran a 3-d tile that was found ~1 us slower at 1 row afterwards (fixed in
+# f209e0b), so those gains are overstated; earlier sessions measured one head a program at 16 x
+# 16 19.22 and 16 x 32 29.01 (other machines). Up to 16 heads (8 at 16 x 64, 16 at 32 x 64) measured
+# 46.79 and 52.49 against 47.20 and 53.20 in that A/B and 46.46-47.16 / 52.41-53.39 before it:
+# not shown faster, so the cap stays at 4 (no PDL at 64 rows) until an A/B against f209e0b's
+# one-head tile says otherwise.
 COMBINE_HOLD_SMEM = 120_000
 NATIVE_COMBINE_RUNS = 8
-COMBINE_HEADS = 16
+COMBINE_HEADS = 4
 _COMBINE_PDL_HOST = {"pdl_max_programs": SM90_SMS, "pdl_hold_smem": COMBINE_HOLD_SMEM,
                      "native_runs": NATIVE_COMBINE_RUNS, "combine_heads": COMBINE_HEADS}
 # "flashmla_triton": flashmla's heads-major Triton tiles only, for inputs that are not 16-byte

@@ -68,8 +68,8 @@ def _flashmla_combine_kernel(
     HEADS: tl.constexpr = 1,
 ):
     # HOLD_SMEM: bytes of shared memory the launch reserves for each program (Launch in
-    # graphattn.kernels.launch; the code uses none of it), so that programs placed early by a
-    # programmatic dependent launch do not share an SM.
+    # graphattn.kernels.launch; at most what the code uses itself, none at one head a program),
+    # so that programs placed early by a programmatic dependent launch do not share an SM.
     # One program per (row, HEADS consecutive heads): all of their splits are loaded as one
     # [HEADS, BLOCK_S, D_NOPE] tile, so the combine pays one memory latency instead of one per
     # split; grid rows * cdiv(H, HEADS).
@@ -145,6 +145,10 @@ CLUSTER_MERGE_KERNELS = ("wgmma_rr", "wgmma_ws")
 # beat the native combine's 64 with three quarters of their lanes masked, FP8 16 x 1 9.81 vs
 # 10.06 us, docs/benchmarks.md) and the splits go through the combine.
 PARTIAL_NATIVE_KERNELS = ("wgmma_rr", "wgmma_ws")
+# The kernels whose head-major combine may take several heads a program (``combine_heads``):
+# measured with wgmma_tn's partials only (graphattn.cuda.configs); wgmma_rr's and wgmma_ws's
+# head-major partials (heads not a multiple of 16) keep one head a program until measured.
+HEADS_COMBINE_KERNELS = ("wgmma_tn",)
 NATIVE_HEADS = 16  # the rows of one warp of a wgmma accumulator
 # Gluon kernels that can gather FP8 tokens into a ring of raw slots of their own (``RING``), where
 # the launch setting says ``fp8_ring`` (the slots) and a split has at most ``ring_max_tiles``
@@ -243,7 +247,8 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
                 copts["num_warps"] = 4 * runs
             combine_fn, combine_grid = _gluon(*NATIVE_COMBINE), rows * head_blocks * (D_V // 8 // runs)
         else:
-            group = _combine_heads(rows, heads, max(2, triton.next_power_of_2(splits)), ccfg)
+            most = ccfg.get("combine_heads", 1) if name in HEADS_COMBINE_KERNELS else 1
+            group = _combine_heads(rows, heads, block_s, most, pdl_programs)
             if group > 1:
                 cmeta["HEADS"] = group
                 copts["num_warps"] = min(16, 4 * group)
@@ -279,15 +284,16 @@ def _native_runs(programs: int, block_s: int, partial_16: bool, native_runs: int
     return runs if programs <= runs * pdl_programs else 1
 
 
-def _combine_heads(rows: int, heads: int, block_s: int, ccfg: dict[str, Any]) -> int:
-    """Heads per program of the head-major combine: the fewest, a power of two up to
-    ``combine_heads``, that bring its ``rows * heads`` one-head programs to
-    ``pdl_max_programs`` (so that it can be a programmatic dependent launch of one program per
-    SM), while a thread of its ``min(16, 4 * heads)`` warps holds at most 64 partial values; 1
-    where none does."""
-    group, most = 1, ccfg.get("combine_heads", 1)
-    fits = lambda g: rows * -(-heads // g) <= ccfg.get("pdl_max_programs", 0)  # noqa: E731
-    while group < most and not fits(group) and (2 * group) * block_s * D_V <= 64 * 32 * min(16, 8 * group):
+def _combine_heads(rows: int, heads: int, block_s: int, combine_heads: int, pdl_programs: int) -> int:
+    """Heads per program of the head-major combine (``HEADS``): the fewest, a power of two up
+    to ``combine_heads`` (the combine setting's), that bring its ``rows * heads`` one-head
+    programs down to ``pdl_programs`` (one per SM), so that it can be a programmatic dependent
+    launch, while a thread of its ``min(16, 4 * HEADS)`` warps holds at most 64 of the
+    ``HEADS * block_s * 512`` partial values; 1 where none does."""
+    group = 1
+    fits = lambda g: rows * -(-heads // g) <= pdl_programs  # noqa: E731
+    while 2 * group <= combine_heads and not fits(group) \
+            and (2 * group) * block_s * D_V <= 64 * 32 * min(16, 8 * group):
         group *= 2
     return group if fits(group) else 1
 
