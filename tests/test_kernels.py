@@ -473,11 +473,11 @@ def test_sm90_two_splits_merge_in_a_cluster(monkeypatch, rows, heads, topk, kv_f
     (128, 2, 2048, False, 128, 2), (64, 8, 2048, False, 128, 4), (128, 8, 2048, False, 128, 8),
     (64, 8, 2048, True, 128, 4), (128, 8, 2048, True, 128, 8), (128, 3, 32768, False, 96, 4),
     # wgmma_tn's head-major combine: several heads a program (16 x 16: 2, 16 x 24: 4, 13 x 20:
-    # 4, the last group partly masked; FP8 32 x 5: 2); at 64 rows 4 heads leave 256-512
-    # programs (16 x 64, FP8 20 x 64); the native combine's 2048 one-run programs are 256 at
-    # its most runs
+    # 4, the last group partly masked; FP8 32 x 5: 2; 16 x 64: 8; FP8 20 x 64: 16 and 4
+    # masked: wgmma_tn has splits up to 128 programs of 16 heads); the native combine's 2048
+    # one-run programs are 256 at its most runs
     (16, 16, 2048, False, 128, 2), (16, 24, 2077, False, 96, 4), (13, 20, 2077, False, 80, 4),
-    (32, 5, 2048, True, 80, 2), (16, 64, 2048, False, 0, 1), (20, 64, 2077, True, 0, 1),
+    (32, 5, 2048, True, 80, 2), (16, 64, 2048, False, 128, 8), (20, 64, 2077, True, 128, 16),
     (128, 16, 2048, False, 0, 1),
 ])
 def test_sm90_combine_of_one_wave_is_a_pdl_one_program_per_sm(monkeypatch, heads, rows, topk, kv_fp8, programs,
@@ -558,6 +558,24 @@ def test_head_major_combine_takes_the_fewest_heads_that_fit_one_wave(rows, heads
     assert _combine_heads(16, 16, 8, 3, 132) == 2  # a cap that is no power of two rounds down
     # a GPU of fewer SMs (an H20: 78) takes more heads, or none where even the most do not fit
     assert _combine_heads(16, 16, 8, 16, 78) == 4 and _combine_heads(64, 16, 2, 4, 78) == 1
+
+
+def test_head_major_combine_settings_are_compiled_at_their_most_splits():
+    """sm_90's launch table compiles each several-heads setting of the head-major combine
+    (``HEADS`` up to ``COMBINE_HEADS``) at the largest ``BLOCK_S`` (power of two, at most 32)
+    whose partial values a thread of it can hold (:func:`combine_heads_most`): the plan never
+    gives that many heads more splits, and every count it can give has its setting."""
+    from graphattn.cuda import configs as cuda_configs
+    from graphattn.kernels.flashmla import combine_heads_most
+
+    settings = {c["HEADS"]: c for c in cuda_configs.all_configs("flashmla_combine") if "HEADS" in c}
+    want = {1 << i for i in range(1, 16) if 1 << i <= min(cuda_configs.COMBINE_HEADS, combine_heads_most(2))}
+    assert set(settings) == want, sorted(settings)
+    for group, cfg in settings.items():
+        block_s = cfg["BLOCK_S"]
+        assert combine_heads_most(block_s) >= group, cfg
+        assert block_s == 32 or combine_heads_most(2 * block_s) < group, cfg
+        assert cfg["num_warps"] == min(16, 4 * group) and cfg["PDL"] == 1, cfg
 
 
 @pytest.mark.parametrize("capability", [(8, 0), (8, 9), (10, 0), (12, 0)])

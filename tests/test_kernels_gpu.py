@@ -164,7 +164,7 @@ def test_flashmla_heads_on_n_kernel(heads, rows, topk, kind):
 
 @pytest.mark.parametrize("heads,rows,topk,kind,group", [
     (16, 16, 2048, "bf16", 2), (16, 24, 2077, "fp16", 4), (13, 20, 2077, "bf16", 4), (32, 5, 2048, "fp8", 2),
-    (7, 33, 2077, "fp8", 2),
+    (7, 33, 2077, "fp8", 2), (16, 64, 2048, "fp8", 8), (20, 64, 2077, "bf16", 16),
 ])
 def test_flashmla_head_major_combine_of_several_heads_a_program(heads, rows, topk, kind, group):
     """Where wgmma_tn's head-major combine would have more programs than SMs (an H200's 132),

@@ -271,19 +271,17 @@ _COMBINE = {"num_warps": 4, "num_stages": 1}
 # 23.68 -> 23.74.
 # wgmma_tn's head-major combine (graphattn.kernels.flashmla.HEADS_COMBINE_KERNELS) has one
 # program per (row, head): over 132 from 9 rows at 16 heads (5 at 32 with FP8 tokens), 2048 at
-# 32 x 64. Up to COMBINE_HEADS heads a program (``HEADS``, four warps a head) bring it to one
-# program per SM, and so to the PDL.
-# A/B on the H200 (us, kernel table method, fifteenth session, e44d0c2): 16 x 16 19.93 -> 18.13
-# (2 heads), 16 x 32 32.86 -> 28.55 (4), FP8 16 x 16 21.20 -> 19.35, FP8 16 x 32 36.07 -> 31.74.
-# Its one-head arm ran a 3-d tile that was found ~1 us slower at 1 row afterwards (fixed in
-# f209e0b), so those gains are overstated; earlier sessions measured one head a program at 16 x
-# 16 19.22 and 16 x 32 29.01 (other machines). Up to 16 heads (8 at 16 x 64, 16 at 32 x 64) measured
-# 46.79 and 52.49 against 47.20 and 53.20 in that A/B and 46.46-47.16 / 52.41-53.39 before it:
-# not shown faster, so the cap stays at 4 (no PDL at 64 rows) until an A/B against f209e0b's
-# one-head tile says otherwise.
+# 32 x 64. Up to COMBINE_HEADS heads a program (``HEADS``, four warps a head up to 16 warps)
+# bring it to one program per SM, and so to the PDL.
+# A/B on the H200 (us, kernel table method, sixteenth session, 6dfcc96: one head a program /
+# up to 4 / up to 16): 16 x 16 18.53 / 18.16 / 18.15 (2 heads), 16 x 32 29.02 / 28.62 / 28.57
+# (4), 16 x 64 47.18 / 47.16 / 46.87 (8; none fits at 4), 32 x 64 53.23 / 53.20 / 52.58 (16),
+# FP8 16 x 16 19.87 / 19.41 / 19.39, 16 x 32 32.30 / 31.83 / 31.79, 16 x 64 53.86 / 53.86 /
+# 53.60: 0.37-0.47 us faster than one head a program at 2-4 heads, and at the 64-row shapes
+# (8 or 16 heads; none fits at 4) 0.26-0.65 us faster than one.
 COMBINE_HOLD_SMEM = 120_000
 NATIVE_COMBINE_RUNS = 8
-COMBINE_HEADS = 4
+COMBINE_HEADS = 16
 _COMBINE_PDL_HOST = {"pdl_max_programs": SM90_SMS, "pdl_hold_smem": COMBINE_HOLD_SMEM,
                      "native_runs": NATIVE_COMBINE_RUNS, "combine_heads": COMBINE_HEADS}
 # "flashmla_triton": flashmla's heads-major Triton tiles only, for inputs that are not 16-byte

@@ -268,6 +268,16 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
     return LaunchPlan(FLASHMLA, rows, heads, topk, splits, split_len, head_blocks, name, main, combine)
 
 
+def _fewest_that_fit(fits: Callable[[int], bool], most: int) -> int:
+    """The fewest power of two ``g`` up to ``most`` with ``fits(g)`` (the combine's programs,
+    each taking ``g`` of its one-wide programs' work, fill at most one wave); 1 where none
+    does."""
+    g = 1
+    while 2 * g <= most and not fits(g):
+        g *= 2
+    return g if fits(g) else 1
+
+
 def _native_runs(programs: int, block_s: int, partial_16: bool, native_runs: int, pdl_programs: int) -> int:
     """Runs of 8 columns per program of the native combine (four warps each): the fewest, a
     power of two up to ``native_runs`` (the combine setting's), that bring its ``programs`` (at
@@ -278,24 +288,28 @@ def _native_runs(programs: int, block_s: int, partial_16: bool, native_runs: int
     ``runs * block_s`` 256 with 16-bit partials (``partial_16``) and 128 with f32 ones, so runs
     stay below that."""
     most = min(native_runs, max(1, (128 if partial_16 else 64) // block_s))
-    runs = 1
-    while 2 * runs <= most and programs > runs * pdl_programs:
-        runs *= 2
-    return runs if programs <= runs * pdl_programs else 1
+    return _fewest_that_fit(lambda runs: programs <= runs * pdl_programs, most)
+
+
+def combine_heads_most(block_s: int) -> int:
+    """The most heads a program of the head-major combine takes at ``block_s`` splits: a thread
+    of its ``min(16, 4 * HEADS)`` warps holds at most 64 of the ``HEADS * block_s * 512`` partial
+    values (ptxas, sm_90: no spills there); 1 (the one-head tile, which keeps its own rule)
+    where 2 would hold more. ``graphattn.cuda.configs`` compiles each ``HEADS`` at the largest
+    ``BLOCK_S`` this allows."""
+    most = 1
+    while (2 * most) * block_s * D_V <= 64 * 32 * min(16, 4 * (2 * most)):
+        most *= 2
+    return most
 
 
 def _combine_heads(rows: int, heads: int, block_s: int, combine_heads: int, pdl_programs: int) -> int:
     """Heads per program of the head-major combine (``HEADS``): the fewest, a power of two up
-    to ``combine_heads`` (the combine setting's), that bring its ``rows * heads`` one-head
-    programs down to ``pdl_programs`` (one per SM), so that it can be a programmatic dependent
-    launch, while a thread of its ``min(16, 4 * HEADS)`` warps holds at most 64 of the
-    ``HEADS * block_s * 512`` partial values; 1 where none does."""
-    group = 1
-    fits = lambda g: rows * -(-heads // g) <= pdl_programs  # noqa: E731
-    while 2 * group <= combine_heads and not fits(group) \
-            and (2 * group) * block_s * D_V <= 64 * 32 * min(16, 8 * group):
-        group *= 2
-    return group if fits(group) else 1
+    to ``combine_heads`` (the combine setting's) and :func:`combine_heads_most`, that bring its
+    ``rows * heads`` one-head programs down to ``pdl_programs`` (one per SM), so that it can be
+    a programmatic dependent launch; 1 where none does."""
+    return _fewest_that_fit(lambda group: rows * -(-heads // group) <= pdl_programs,
+                            min(combine_heads, combine_heads_most(block_s)))
 
 
 def plan_flashmla(rows: int, heads: int, topk: int, ws_splits: int, aligned: bool = True,
