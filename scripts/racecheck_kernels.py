@@ -29,6 +29,8 @@ CASES = [
     ("wgmma_ws", True, 150, 64, 256), ("wgmma_ws", True, 8, 64, 512),
     ("wgmma_tn", True, 200, 16, 256), ("wgmma_tn", True, 8, 16, 512),
     ("wgmma_tn", True, 140, 16, 640), ("wgmma_tn", True, 4, 16, 16384),
+    # wgmma_tn's head-major combine with several heads a program (HEADS 2, 16 and 8)
+    ("wgmma_tn", False, 16, 16, 2048), ("wgmma_tn", False, 64, 20, 2077), ("wgmma_tn", True, 64, 16, 2048),
 ]
 
 
@@ -57,8 +59,9 @@ def launch(case) -> bool:
     ws_lse = torch.empty(rows, WS_SPLITS, heads, device="cuda")
     out, _ = sparse_mla_flashmla(q, kv, idx, 1 / math.sqrt(576), ws_out, ws_lse)
     torch.cuda.synchronize()
-    print(f"launched {kernel} fp8={fp8} {heads}x{rows}x{topk}: {plan.splits} splits, "
-          f"finite {bool(out.isfinite().all())}", flush=True)
+    heads_a_program = plan.combine.kwargs.get("HEADS", 1) if plan.combine else None
+    print(f"launched {kernel} fp8={fp8} {heads}x{rows}x{topk}: {plan.splits} splits, combine heads a "
+          f"program {heads_a_program}, finite {bool(out.isfinite().all())}", flush=True)
     return True
 
 
