@@ -473,9 +473,9 @@ def test_sm90_two_splits_merge_in_a_cluster(monkeypatch, rows, heads, topk, kv_f
     (128, 2, 2048, False, 128, 2), (64, 8, 2048, False, 128, 4), (128, 8, 2048, False, 128, 8),
     (64, 8, 2048, True, 128, 4), (128, 8, 2048, True, 128, 8), (128, 3, 32768, False, 96, 4),
     # wgmma_tn's head-major combine: several heads a program (16 x 16: 2, 16 x 24: 4, 13 x 20:
-    # 4, the last group partly masked; FP8 32 x 5: 2; 16 x 64: 8; FP8 20 x 64: 16 and 4
-    # masked: wgmma_tn has splits up to 128 programs of 16 heads); the native combine's 2048
-    # one-run programs are 256 at its most runs
+    # 4, the last group partly masked; FP8 32 x 5: 2; 16 x 64: 8; FP8 20 x 64: 16, its second
+    # group 4 heads and 12 masked; at 132 SMs wgmma_tn's launches with splits never need more
+    # than 16); the native combine's 2048 one-run programs are 256 at its most runs
     (16, 16, 2048, False, 128, 2), (16, 24, 2077, False, 96, 4), (13, 20, 2077, False, 80, 4),
     (32, 5, 2048, True, 80, 2), (16, 64, 2048, False, 128, 8), (20, 64, 2077, True, 128, 16),
     (128, 16, 2048, False, 0, 1),

@@ -168,8 +168,8 @@ def test_flashmla_heads_on_n_kernel(heads, rows, topk, kind):
 ])
 def test_flashmla_head_major_combine_of_several_heads_a_program(heads, rows, topk, kind, group):
     """Where wgmma_tn's head-major combine would have more programs than SMs (an H200's 132),
-    sm_90's plan gives each ``group`` heads (``HEADS``; 13 and 7 heads: the last group partly
-    masked) and launches it as a programmatic dependent launch of one program per SM; eager and
+    sm_90's plan gives each ``group`` heads (``HEADS``; 13, 7 and 20 heads: the last group
+    partly masked) and launches it as a programmatic dependent launch of one program per SM; eager and
     replayed from a CUDA graph, with -1 and out-of-range indices and an all-invalid row, it
     gives the float64 reference of the (dequantised) cache."""
     from graphattn.common.metadata import GraphMetadata

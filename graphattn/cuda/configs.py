@@ -277,8 +277,8 @@ _COMBINE = {"num_warps": 4, "num_stages": 1}
 # up to 4 / up to 16): 16 x 16 18.53 / 18.16 / 18.15 (2 heads), 16 x 32 29.02 / 28.62 / 28.57
 # (4), 16 x 64 47.18 / 47.16 / 46.87 (8; none fits at 4), 32 x 64 53.23 / 53.20 / 52.58 (16),
 # FP8 16 x 16 19.87 / 19.41 / 19.39, 16 x 32 32.30 / 31.83 / 31.79, 16 x 64 53.86 / 53.86 /
-# 53.60: 0.37-0.47 us faster than one head a program at 2-4 heads, and at the 64-row shapes
-# (8 or 16 heads; none fits at 4) 0.26-0.65 us faster than one.
+# 53.60: up to 16 heads 0.38-0.51 us faster than one head a program at 2-4 heads, and at the
+# 64-row shapes (8 or 16 heads; none fits at 4) 0.26-0.65 us faster.
 COMBINE_HOLD_SMEM = 120_000
 NATIVE_COMBINE_RUNS = 8
 COMBINE_HEADS = 16
@@ -340,8 +340,8 @@ def all_configs(path: str, kv_fp8: bool = False) -> list[dict[str, Any]]:
         runs = [{**pdl, "RUNS": r, "BLOCK_S": min(32, 128 // r), "num_warps": 4 * r}
                 for r in (2, 4, 8) if r <= NATIVE_COMBINE_RUNS]
         # the head-major combine's several heads a program (HEADS: its constexpr only), each at
-        # the most splits the plan gives it (graphattn.kernels.flashmla._combine_heads: a thread
-        # holds at most 64 partial values)
+        # the most splits the plan gives it (graphattn.kernels.flashmla.combine_heads_most: a
+        # thread holds at most 64 partial values)
         heads = [{**pdl, "HEADS": h, "BLOCK_S": min(32, 64 * 32 * min(16, 4 * h) // (h * 512)),
                   "num_warps": min(16, 4 * h)} for h in (2, 4, 8, 16) if h <= COMBINE_HEADS]
         return [dict(_COMBINE), pdl] + runs + heads

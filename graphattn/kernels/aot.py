@@ -122,8 +122,6 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
                     variants.append(("fp16", kv))
                     if "DIRECT" in names and not kv:
                         variants.append(("bf16", {"DIRECT": True}))
-                    if "LAUNCH_DEPENDENTS" in names and _combine_pdl(target):
-                        variants.append(("bf16", {**kv, "LAUNCH_DEPENDENTS": 1}))
                     if "CLUSTER" in names and cfg.get("cluster_merge"):
                         variants.append(("bf16", {**kv, "CLUSTER": 2}))  # two splits merged by a cluster
                     # the combine a PDL of these partials (2-8 rows): LAUNCH_DEPENDENTS with them
@@ -136,6 +134,10 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
                         if cfg.get("partial_native"):
                             variants += [("bf16", {"PARTIAL_NATIVE": cfg["partial_native"], "IDX_EARLY": 1, **d})
                                          for d in pdl]
+                # each setting's launches with splits may be followed by the combine as a PDL
+                # (wgmma_tn's 16- and 32-head tiles both, where its heads a program fit one wave)
+                if "LAUNCH_DEPENDENTS" in names and _combine_pdl(target):
+                    variants.append(("bf16", {**kv, "LAUNCH_DEPENDENTS": 1}))
                 if "RING" in names and kv and cfg.get("fp8_ring"):  # FP8 tokens through a ring of raw slots
                     ring = {**kv, "RING": cfg["fp8_ring"]}
                     variants += [("bf16", ring), ("fp16", ring), ("bf16", {**ring, "DIRECT": True})]

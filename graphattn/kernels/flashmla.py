@@ -68,8 +68,9 @@ def _flashmla_combine_kernel(
     HEADS: tl.constexpr = 1,
 ):
     # HOLD_SMEM: bytes of shared memory the launch reserves for each program (Launch in
-    # graphattn.kernels.launch; at most what the code uses itself, none at one head a program),
-    # so that programs placed early by a programmatic dependent launch do not share an SM.
+    # graphattn.kernels.launch: the larger of it and what the code uses itself, which is none at
+    # one head a program and 4-16 KB at several), so that programs placed early by a
+    # programmatic dependent launch do not share an SM.
     # One program per (row, HEADS consecutive heads): all of their splits are loaded as one
     # [HEADS, BLOCK_S, D_NOPE] tile, so the combine pays one memory latency instead of one per
     # split; grid rows * cdiv(H, HEADS).
