@@ -46,7 +46,7 @@ KNOWN: dict[frozenset, str] = {
     frozenset({("_own_tile", "stat_m.index(WG).store(m_new)"),
                ("_other_tile", "m,l,acc=_to_max(m,l,acc,stat_m.index(1-WG).load(row_s),row_o)")}): _MAX_WS,
     frozenset({("_gather_fp8", "_async_load(raw_dst,kv_ptr+rows_n[:,None]+cols_n[None,:],mask=valid_n[:,None])"),
-               ("_dequantise_block", "kn.slice(b*FP8_BLOCK,FP8_BLOCK,dim=1).store(v)")}): _RING,
+               ("_dequantise_block", "kn.slice(b*FP8_BLOCK,FP8_BLOCK,dim=1).store(_dequantised(x,scale,kn.dtype))")}): _RING,
     frozenset({("_gather_fp8", "_async_load(sc_slot,scales[None,:]+blocks[:,None],mask=valid_c[None,:])"),
                ("_dequantise_block",
                 "scale=sc_rows.index(slot*4+b).slice(ROW0,ROWS).load(gl.SliceLayout(1,conv))")}): _RING,

@@ -142,6 +142,14 @@ WGMMA_SPLIT_COST_BLOCKS = 2  # wgmma_tn (q 18-36 KB, partial 32-64 KB) keeps it:
 # -> 33.42, 16 x 512 358.9 -> 412.6 (two ring slots: 414.7, so not the gather), 32 x 64 61.44
 # -> 70.26.
 TN_FP8_RING, TN_FP8_RING_MAX_TILES = {16: 3, 32: 2}, 4
+# With more tiles a split, at 16 heads, the gather fills a ring of TN_FP8_RAW_HALVES 32-token
+# raw slots (20.5 KB each) and each consumer dequantises its own tiles out of it into its own
+# bf16 tile (graphattn.kernels.wgmma_tn's RAW_HALVES; the host key fp8_raw_halves): the gathers
+# run ahead of both consumers' chains instead of waiting for a consumer to free its slot. A/B on
+# the H200 (us, FP8, in-place slots -> two raw slots -> three, docs/benchmarks.md): 16 x 512
+# 361.3 -> 331.0 / 352.0, 16 x 64 53.6 -> 48.9 / 49.5, 16 x 32 31.8 -> 29.5 / 29.6, 16 x 8 x
+# topk 32768 96.3 -> 86.2 / 87.4 (three fit only with P^T over the rope columns).
+TN_FP8_RAW_HALVES = {16: 2}
 # Below TN_MIN_ROWS, FP8 tokens at up to SMALL_BATCH_ROWS rows and TN_FP8_FEW_ROWS_MAX_TOPK
 # top-k take wgmma_tn too: their splits are one or two tiles, so the ring runs. Against
 # wgmma_ws (us, FP8, A/B on the H200): 16 x 1 9.81 -> 8.72, 16 x 2 11.05 -> 9.60, 16 x 3 11.96
@@ -150,7 +158,9 @@ TN_FP8_FEW_ROWS_MAX_TOPK = 2048
 
 
 def _tn_fp8(tile: dict[str, Any]) -> dict[str, Any]:
-    return {**tile, "KV_FP8": 1, "fp8_ring": TN_FP8_RING[tile["BLOCK_H"]], "ring_max_tiles": TN_FP8_RING_MAX_TILES}
+    halves = {"fp8_raw_halves": TN_FP8_RAW_HALVES[tile["BLOCK_H"]]} if tile["BLOCK_H"] in TN_FP8_RAW_HALVES else {}
+    return {**tile, "KV_FP8": 1, "fp8_ring": TN_FP8_RING[tile["BLOCK_H"]], "ring_max_tiles": TN_FP8_RING_MAX_TILES,
+            **halves}
 
 
 @functools.cache  # a process constant; find_spec searches the file system (~0.9 ms) every call

@@ -74,7 +74,7 @@ def _configs(path: str, target: str, kv_fp8: bool = False) -> list[dict[str, Any
 # the config would be compiled as a runtime argument).
 _FIXED = {"D_NOPE": 512, "D_ROPE": 64, "DOT_F32": False, "DIRECT": False, "BLOCK_S": 32, "KV_FP8": 0,
           "PDL": 0, "HOLD_SMEM": 0, "RUNS": 1, "HEADS": 1, "LAUNCH_DEPENDENTS": 0, "CLUSTER": 0, "PARTIAL_NATIVE": 0,
-          "PARTIAL_16": 0, "RING": 0, "IDX_EARLY": 0, **LOOP_DEFAULTS}
+          "PARTIAL_16": 0, "RING": 0, "RAW_HALVES": 0, "IDX_EARLY": 0, **LOOP_DEFAULTS}
 
 
 def fp8_code(target: str) -> int:
@@ -143,6 +143,11 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
                     variants += [("bf16", ring), ("fp16", ring), ("bf16", {**ring, "DIRECT": True})]
                     if _combine_pdl(target):  # at 1-2 rows, before a combine launched as a PDL
                         variants.append(("bf16", {**ring, "LAUNCH_DEPENDENTS": 1}))
+                if "RAW_HALVES" in names and kv and cfg.get("fp8_raw_halves"):  # more tiles a split
+                    halves = {**kv, "RAW_HALVES": cfg["fp8_raw_halves"]}
+                    variants += [("bf16", halves), ("fp16", halves), ("bf16", {**halves, "DIRECT": True})]
+                    if _combine_pdl(target):
+                        variants.append(("bf16", {**halves, "LAUNCH_DEPENDENTS": 1}))
                 if "PARTIAL_16" in names and _partial_native(target) == 2:  # the combine of 16-bit partials
                     variants.append(("bf16", {"PARTIAL_16": 1}))  # with each setting (plain, PDL)
                     if i == 0:

@@ -221,6 +221,8 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
         meta["KV_FP8"] = kv_fp8_constexpr(platform, kv_fp8)
     if cfg.get("fp8_ring") and name in RING_KERNELS and cdiv(split_len, meta["BLOCK_N"]) <= cfg["ring_max_tiles"]:
         meta["RING"] = cfg["fp8_ring"]
+    elif cfg.get("fp8_raw_halves") and name in RING_KERNELS:  # more tiles: each consumer its own bf16 tile
+        meta["RAW_HALVES"] = cfg["fp8_raw_halves"]
     head_blocks = cdiv(heads, meta["BLOCK_H"])
     ctas = rows * splits * head_blocks
     if (splits == 2 and cfg.get("cluster_merge") and name in CLUSTER_MERGE_KERNELS

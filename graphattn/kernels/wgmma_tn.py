@@ -48,6 +48,7 @@ from .wgmma_ws import (
     FP8_BLOCK,
     _dequantise_block,
     _dequantise_tile,
+    _dequantised,
     _fp8_views,
     _producer,
 )
@@ -55,11 +56,13 @@ from .wgmma_ws import (
 
 @gluon.jit
 def _scores_t(q_nope, q_rope, k_nope, k_rope, kv_ready, t, q0, s_layout: gl.constexpr,
-              BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Wait until tile ``t`` has landed, then ``S^T = K q^T`` for it (``[BLOCK_N, BLOCK_H]``)."""
+              BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, WAIT: gl.constexpr = 1):
+    """Wait until tile ``t`` has landed (``WAIT``; else its consumer wrote it), then ``S^T = K
+    q^T`` for it (``[BLOCK_N, BLOCK_H]``)."""
     slot = t % 2
-    mbarrier.wait(kv_ready.index(slot), (t // 2) & 1)
-    fence_async_shared()  # the gathered bytes (generic proxy) before wgmma reads them (async proxy)
+    if WAIT:
+        mbarrier.wait(kv_ready.index(slot), (t // 2) & 1)
+        fence_async_shared()  # the gathered bytes (generic proxy) before wgmma reads them (async proxy)
     s = warpgroup_mma(k_nope.index(slot), q_nope.index(q0).permute((1, 0)),
                       gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout), use_acc=False, is_async=True)
     s = warpgroup_mma(k_rope.index(slot), q_rope.index(q0).permute((1, 0)), s, is_async=True)
@@ -71,9 +74,11 @@ def _consumer_t(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_
                 H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                 stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
                 BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-                DIRECT: gl.constexpr, KV_FP8: gl.constexpr, WG: gl.constexpr):
+                DIRECT: gl.constexpr, KV_FP8: gl.constexpr, WG: gl.constexpr, RAW_HALVES: gl.constexpr = 0):
     """Consumer warpgroup ``WG``: tiles ``t % 2 == WG`` (slot ``WG``), whole; then the two
-    outputs merged, output columns ``[WG * 256, WG * 256 + 256)`` stored (and lse by consumer 0)."""
+    outputs merged, output columns ``[WG * 256, WG * 256 + 256)`` stored (and lse by consumer 0).
+    ``RAW_HALVES``: each tile's FP8 bytes come from the raw ring (:func:`_dequantise_halves`)
+    into slot ``WG``, which is this consumer's alone."""
     q_nope, q_rope, k_nope, k_rope, p_buf, stats, k_raw, k_scale, k_rope_bits, k_scale_rows = smem
     q_ready, kv_ready, kv_free, p_ready, l_ready, d_ready = bars
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -88,20 +93,25 @@ def _consumer_t(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_
     m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=col_s)
     l_part = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout)  # summed over tokens at the end
     acc = gl.zeros([D_NOPE, BLOCK_H], gl.float32, layout=o_layout)
+    phases = gl.to_tensor(0)  # RAW_HALVES: the parities of my next waits on the raw slots, a bit each
     for t in range(WG, n_tiles, 2):
         idx_s = _load_indices(idx_row_ptr, start + t * BLOCK_N, end, BLOCK_N, tok_s)
-        if KV_FP8:
+        if RAW_HALVES:
+            phases = _dequantise_halves(t, phases, kv_ready, kv_free, k_raw, k_scale_rows, k_rope_bits,
+                                        k_nope.index(WG), k_rope.index(WG), RAW_HALVES, WG)
+        elif KV_FP8:
             _dequantise_tile(t, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope, BLOCK_N, D_NOPE, D_ROPE)
         # q's descriptors from an index that is 0 but not known to be (see wgmma_ws._issue_scores).
         s = _scores_t(q_nope, q_rope, k_nope, k_rope, kv_ready, t, (t + n_tiles < 0).to(gl.int32), s_layout,
-                      BLOCK_H, BLOCK_N)
+                      BLOCK_H, BLOCK_N, RAW_HALVES == 0)
         m, l_part, acc = _softmax_t(s, idx_s, pool, qk_scale, m, l_part, acc, p_mine)
         # V^T's 32 descriptors from a slot index that is WG but not known to be: hoisted out of
         # the loop they would hold 64 registers across it (and spill).
         v_slot = WG + (t + n_tiles < 0).to(gl.int32)
         acc = warpgroup_mma(k_nope.index(v_slot).permute((1, 0)), p_mine, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(kv_free.index(WG))
+        if RAW_HALVES == 0:
+            mbarrier.arrive(kv_free.index(WG))
     l = gl.sum(l_part, axis=0)
 
     # Merge the two consumers' outputs: each leaves its output in its own slot (no gather
@@ -220,6 +230,51 @@ def _consumer_ring(smem, bars, idx_ptr, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr
 
 
 @gluon.jit
+def _dequantise_halves(t, phases, kv_ready, kv_free, k_raw, k_scale_rows, k_rope_bits, kn, kr, RAW: gl.constexpr,
+                       WG: gl.constexpr):
+    """``RAW_HALVES``' consumer side: tile ``t``'s two halves (the split's 32-token halves ``2t``
+    and ``2t + 1``, in raw slots ``h % RAW``: FP8 bytes ``k_raw`` ``[RAW, 32, 512]``, scales
+    ``k_scale_rows`` ``[RAW * 4, 32]``, bf16 rope ``k_rope_bits`` ``[RAW, 32, 64]``), each read
+    into registers, its slot freed at once, then written into the consumer's own tile
+    (``kn`` ``[64, 512]``, ``kr`` ``[64, 64]`` in q's dtype) as :func:`_dequantised` values and the
+    rope converted. Ends with the fence and barrier the scores' wgmma needs. ``phases``: bit
+    ``r`` the parity of this consumer's next wait on slot ``r``'s ready barrier (its own:
+    ``kv_ready[r * 2 + WG]``); returns it updated."""
+    conv: gl.constexpr = gl.BlockedLayout(  # [32, 128] bytes: 16 per thread, 16 rows a pass
+        size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0])
+    rl: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0])
+    sl: gl.constexpr = gl.SliceLayout(1, conv)
+    HALF_N: gl.constexpr = k_raw.shape[1]
+    for j in gl.static_range(2):
+        h = 2 * t + j
+        r = h % RAW
+        mbarrier.wait(kv_ready.index(r * 2 + WG), (phases >> r) & 1)
+        phases = phases ^ (1 << r)
+        raw = k_raw.index(r)
+        x0 = raw.slice(0, FP8_BLOCK, dim=1).load(conv)
+        x1 = raw.slice(FP8_BLOCK, FP8_BLOCK, dim=1).load(conv)
+        x2 = raw.slice(2 * FP8_BLOCK, FP8_BLOCK, dim=1).load(conv)
+        x3 = raw.slice(3 * FP8_BLOCK, FP8_BLOCK, dim=1).load(conv)
+        s0 = k_scale_rows.index(r * 4).load(sl)
+        s1 = k_scale_rows.index(r * 4 + 1).load(sl)
+        s2 = k_scale_rows.index(r * 4 + 2).load(sl)
+        s3 = k_scale_rows.index(r * 4 + 3).load(sl)
+        rope = k_rope_bits.index(r).load(rl)
+        _cta_barrier()  # every thread has read the slot: the gather may refill it
+        mbarrier.arrive(kv_free.index(r))
+        rows = kn.slice(j * HALF_N, HALF_N, dim=0)
+        rows.slice(0, FP8_BLOCK, dim=1).store(_dequantised(x0, s0, kn.dtype))
+        rows.slice(FP8_BLOCK, FP8_BLOCK, dim=1).store(_dequantised(x1, s1, kn.dtype))
+        rows.slice(2 * FP8_BLOCK, FP8_BLOCK, dim=1).store(_dequantised(x2, s2, kn.dtype))
+        rows.slice(3 * FP8_BLOCK, FP8_BLOCK, dim=1).store(_dequantised(x3, s3, kn.dtype))
+        kr.slice(j * HALF_N, HALF_N, dim=0).store(rope.to(kr.dtype))
+    fence_async_shared()  # the tile (generic stores) before wgmma reads it (async proxy)
+    _cta_barrier()  # ... every thread's stores, before this warpgroup's scores
+    return phases
+
+
+@gluon.jit
 def _softmax_t(s, idx_s, pool, qk_scale, m, l_part, acc, p_buf):
     """One tile's online softmax over its tokens (``s``: ``S^T`` ``[BLOCK_N, BLOCK_H]``, tokens
     outside ``[0, pool)`` masked): the running max ``m``, the per-token sums ``l_part`` and the
@@ -286,13 +341,15 @@ def _flashmla_tn_kernel(
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     STAGES: gl.constexpr, DIRECT: gl.constexpr, KV_FP8: gl.constexpr = 0, LAUNCH_DEPENDENTS: gl.constexpr = 0,
-    RING: gl.constexpr = 0,
+    RING: gl.constexpr = 0, RAW_HALVES: gl.constexpr = 0,
 ):
     """Arguments, grid and outputs as ``_flashmla_split_kernel`` (graphattn.kernels.flashmla)
     with ``BLOCK_H`` 16 or 32; launch with ``num_warps=4`` and ``maxnreg=168`` (12 warps run:
     producer, two consumers). ``KV_FP8=1``: 656-byte e4m3fn tokens (see wgmma_ws). ``RING=R``
     (FP8 only): the tokens' bytes land in a ring of ``R`` slots of their own, and both
-    consumers work on every tile in one bf16 tile (:func:`_consumer_ring`)."""
+    consumers work on every tile in one bf16 tile (:func:`_consumer_ring`). ``RAW_HALVES=R``
+    (FP8, 16 heads): the tokens' bytes land in a ring of ``R`` 32-token raw slots, and each
+    consumer dequantises its own tiles out of it into its own bf16 tile (:func:`_tn_raw_halves`)."""
     gl.static_assert((BLOCK_H == 16) | (BLOCK_H == 32), "heads on the wgmma's N side: 16 or 32 per program")
     gl.static_assert(BLOCK_N == 64, "tokens on the wgmma's M side: one M tile per KV tile")
     gl.static_assert(STAGES == 2, "two KV slots, one per consumer")
@@ -300,12 +357,19 @@ def _flashmla_tn_kernel(
     gl.static_assert((KV_FP8 == 0) | (KV_FP8 == 1), "sm_90 FP8 tokens are e4m3fn")
     gl.static_assert((KV_FP8 == 0) | (D_NOPE == 4 * FP8_BLOCK), "four scale blocks of 128 values")
     gl.static_assert(RING == 0 or (KV_FP8 == 1 and RING >= 2), "the ring holds FP8 tokens' bytes")
+    gl.static_assert(RAW_HALVES == 0 or (KV_FP8 == 1 and RING == 0 and RAW_HALVES >= 2),
+                     "the raw ring holds FP8 tokens' bytes, instead of RING")
     dtype: gl.constexpr = q_ptr.dtype.element_ty
 
     if LAUNCH_DEPENDENTS:  # the combine (a programmatic dependent launch) may start its programs
         _launch_dependents()
     hb, split, row, start, end, n_tiles = _program_split(H, topk, split_len, num_splits, BLOCK_H, BLOCK_N)
-    if RING:  # FP8 tokens through a ring of their own
+    if RAW_HALVES:  # FP8 tokens through a ring of half tiles, each consumer its own bf16 tile
+        _tn_raw_halves(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                       H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                       stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
+                       stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, RAW_HALVES)
+    elif RING:  # FP8 tokens through a ring of their own
         _tn_ring(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                  H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                  stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
@@ -419,4 +483,75 @@ def _tn_ring(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                           H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                           stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
                           BLOCK_H, BLOCK_N, D_NOPE, DIRECT, RING, 1)),
+    ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+
+
+@gluon.jit
+def _tn_raw_halves(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                   H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                   stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+                   BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
+                   DIRECT: gl.constexpr, RAW: gl.constexpr):
+    """``_flashmla_tn_kernel`` with ``RAW_HALVES=RAW`` (FP8 tokens, 16 heads): the producer
+    gathers the split's 32-token halves (bytes, scales and rope: 20.5 KB each) into a ring of
+    ``RAW`` raw slots, and consumer ``w`` takes its tiles (``t % 2 == w``) out of it into its own
+    bf16 tile (:func:`_consumer_t` with ``RAW_HALVES``, :func:`_dequantise_halves`), freeing each
+    half once it is in registers. The gathers then run ahead of both consumers' chains instead of
+    each waiting for its consumer's slot, and one consumer's dequantisation still overlaps the
+    other's products. Two raw slots: q 18 KB + two bf16 tiles 144 KB + two slots 41 KB + P^T 4 KB
+    (213 KB); a third fits only with P^T over the rope columns, measured slower
+    (docs/benchmarks.md)."""
+    gl.static_assert(BLOCK_H == 16, "q, two bf16 tiles and the raw slots fill the shared memory at 16 heads")
+    gl.static_assert(RAW == 2, "two raw slots (see above)")
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    HALF_N: gl.constexpr = BLOCK_N // 2
+    smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    raw_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    p_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * BLOCK_H, element_bitwidth=16, rank=2)
+    rows_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    stat_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    q_nope = gl.allocate_shared_memory(dtype, [1, BLOCK_H, D_NOPE], smem_layout)
+    q_rope = gl.allocate_shared_memory(dtype, [1, BLOCK_H, D_ROPE], smem_layout)
+    k_nope = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_NOPE], smem_layout)  # one per consumer
+    k_rope = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_ROPE], smem_layout)
+    p_buf = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_H], p_layout)
+    k_raw = gl.allocate_shared_memory(gl.uint8, [RAW, HALF_N, D_NOPE], raw_layout)
+    k_rope_bits = gl.allocate_shared_memory(gl.bfloat16, [RAW, HALF_N, D_ROPE], smem_layout)
+    k_scale = gl.allocate_shared_memory(gl.float32, [RAW, 4, HALF_N], gl.SwizzledSharedLayout(
+        vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+    stats = gl.allocate_shared_memory(gl.float32, [4, BLOCK_H], stat_layout)  # (max, sum) per consumer
+    if _NEW_REINTERPRET:
+        k_scale_rows = k_scale.reinterpret(gl.float32, [RAW * 4, HALF_N], rows_layout)
+    else:
+        k_scale_rows = k_scale._reinterpret(gl.float32, [RAW * 4, HALF_N], rows_layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [RAW * 2, 1], mbarrier.MBarrierLayout())  # slot * 2 + consumer
+    kv_free = gl.allocate_shared_memory(gl.int64, [RAW, 1], mbarrier.MBarrierLayout())
+    l_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=128)  # one cp.async arrival per producer thread
+    for i in gl.static_range(RAW):
+        mbarrier.init(kv_ready.index(2 * i), count=128)
+        mbarrier.init(kv_ready.index(2 * i + 1), count=128)
+        mbarrier.init(kv_free.index(i), count=1)  # the half's one consumer
+    for i in gl.static_range(2):
+        mbarrier.init(l_ready.index(i), count=1)
+
+    # The producer gathers halves: BLOCK_N 32 and twice the tiles, into RAW slots; its tuples
+    # have wgmma_ws's shape (the places it does not use hold stats and q_ready).
+    p_smem = (q_nope, q_rope, k_nope, k_rope, stats, stats, k_raw, k_scale, k_rope_bits, k_scale_rows)
+    smem = (q_nope, q_rope, k_nope, k_rope, p_buf, stats, k_raw, k_scale, k_rope_bits, k_scale_rows)
+    bars = (q_ready, kv_ready, kv_free, l_ready, l_ready, l_ready)
+    gl.warp_specialize([
+        (_producer, (p_smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                     H, pool, qk_scale, row, hb, split, start, end, 2 * n_tiles,
+                     stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
+                     stride_ls, BLOCK_H, HALF_N, D_NOPE, D_ROPE, DIRECT, 1, 0, q_ready, stats, RAW, 2)),
+        (_consumer_t, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                       H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                       stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
+                       stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 1, 0, RAW)),
+        (_consumer_t, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                       H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                       stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
+                       stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 1, 1, RAW)),
     ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])

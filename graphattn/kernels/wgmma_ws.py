@@ -111,7 +111,7 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
               stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
               DIRECT: gl.constexpr, KV_FP8: gl.constexpr, CLUSTER: gl.constexpr = 0, o_ready=None,
-              o_wts=None, SLOTS: gl.constexpr = 2):
+              o_wts=None, SLOTS: gl.constexpr = 2, OWNERS: gl.constexpr = 1):
     """Default partition (4 warps): every KV tile of the split into its slot, and for wgmma_tn
     (``BLOCK_H`` 16 or 32) q first (wgmma_ws's consumer 0 loads its q: :func:`_load_q_first`,
     so the first tile's gather goes out without waiting behind q's copies). With
@@ -120,7 +120,11 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
     bf16 rope values into the rope tile (``k_rope_bits``: its bytes as bf16), all completing on
     the slot's ``ready`` barrier; the consumers dequantise it in place before its scores.
     ``SLOTS``: the ring's slots (wgmma_tn's FP8 ring, ``RING``, gathers the bytes into a ring of
-    their own, ``k_raw`` ``[SLOTS, BLOCK_N, 512]``, whose slots its consumers free once read)."""
+    their own, ``k_raw`` ``[SLOTS, BLOCK_N, 512]``, whose slots its consumers free once read).
+    ``OWNERS=2`` (wgmma_tn's ``RAW_HALVES``: tile ``j`` is half ``j % 2`` of the consumer
+    ``(j // 2) % 2``'s tile): a slot has a ready barrier per consumer, ``kv_ready[slot * 2 +
+    consumer]``, so that a consumer never waits on a phase of the other's (a parity wait cannot
+    tell a use of a slot from the one after it)."""
     q_nope, q_rope, k_nope, k_rope, stat_m, stat_l, k_raw, k_scale, k_rope_bits, k_scale_rows = smem
     q_ready, kv_ready, kv_free, p_ready, l_ready, d_ready = bars
     idx_row_ptr = idx_ptr + row.to(gl.int64) * stride_ir
@@ -144,7 +148,7 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
         else:
             _gather_tile(kv_ptr, stride_kv, pool, idx_a, idx_b, k_nope.index(slot), k_rope.index(slot),
                          D_NOPE, D_ROPE, GATHER_N, GATHER_R)
-        _async_copy.mbarrier_arrive(kv_ready.index(slot), increment_count=False)
+        _async_copy.mbarrier_arrive(kv_ready.index(slot * OWNERS + (j // 2) % OWNERS), increment_count=False)
         n_next = start + (j + 1) * BLOCK_N
         idx_a, idx_b = _tile_indices(idx_row_ptr, n_next, end, BLOCK_N, KV_FP8, GATHER_N, GATHER_R)
     if CLUSTER:  # the two splits' merge, once both consumers have staged their halves
@@ -210,8 +214,15 @@ def _dequantise_block(kn, sc_rows, slot, b: gl.constexpr, x, conv: gl.constexpr,
     tokens' rows') columns of block ``b``."""
     ROWS: gl.constexpr = kn.shape[0]
     scale = sc_rows.index(slot * 4 + b).slice(ROW0, ROWS).load(gl.SliceLayout(1, conv))  # [ROWS]
-    v = (x.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scale[:, None]).to(kn.dtype)
-    kn.slice(b * FP8_BLOCK, FP8_BLOCK, dim=1).store(v)
+    kn.slice(b * FP8_BLOCK, FP8_BLOCK, dim=1).store(_dequantised(x, scale, kn.dtype))
+
+
+@gluon.jit
+def _dequantised(x, scale, dtype: gl.constexpr):
+    """FP8 bytes ``x`` (``[ROWS, 128]`` uint8, e4m3fn bits: one scale block of ``ROWS`` tokens)
+    times their tokens' scales ``scale`` (``[ROWS]`` f32), rounded to ``dtype``: the cache
+    dequantised as ``graphattn.common.kv_layout.dequantize_kv`` does it."""
+    return (x.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scale[:, None]).to(dtype)
 
 
 @gluon.jit
