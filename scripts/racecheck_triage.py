@@ -37,6 +37,10 @@ _RING = "an FP8 ring slot: the producer's cp.async against the consumers' dequan
 _MERGE = "the consumers' staging for the producer's cluster merge (o_ready)"
 _WS_RUNTIME = "Triton's warp-specialisation code (the kernel's first line)"
 _MERGE_TN = "wgmma_tn's two consumers' outputs, maxima and sums, exchanged through their KV slots (l_ready)"
+_RAW = ("a raw slot of wgmma_tn's RAW_HALVES: the producer's cp.async against a consumer's loads into registers "
+        "(kv_ready, one per slot and consumer; kv_free)")
+_GATHER_RAW = ("_gather_fp8", "_async_load(raw_dst,kv_ptr+rows_n[:,None]+cols_n[None,:],mask=valid_n[:,None])")
+_GATHER_SCALES = ("_gather_fp8", "_async_load(sc_slot,scales[None,:]+blocks[:,None],mask=valid_c[None,:])")
 KNOWN: dict[frozenset, str] = {
     frozenset({("_consumer_rr", "stat_m.store(m_new)"),
                ("_consumer_rr", "m_new=gl.maximum(m_new,stat_m.load(row_s))")}): _MAX_RR,
@@ -46,7 +50,8 @@ KNOWN: dict[frozenset, str] = {
     frozenset({("_own_tile", "stat_m.index(WG).store(m_new)"),
                ("_other_tile", "m,l,acc=_to_max(m,l,acc,stat_m.index(1-WG).load(row_s),row_o)")}): _MAX_WS,
     frozenset({("_gather_fp8", "_async_load(raw_dst,kv_ptr+rows_n[:,None]+cols_n[None,:],mask=valid_n[:,None])"),
-               ("_dequantise_block", "kn.slice(b*FP8_BLOCK,FP8_BLOCK,dim=1).store(_dequantised(x,scale,kn.dtype))")}): _RING,
+               ("_dequantise_block",
+                "kn.slice(b*FP8_BLOCK,FP8_BLOCK,dim=1).store(_dequantised(x,scale,kn.dtype))")}): _RING,
     frozenset({("_gather_fp8", "_async_load(sc_slot,scales[None,:]+blocks[:,None],mask=valid_c[None,:])"),
                ("_dequantise_block",
                 "scale=sc_rows.index(slot*4+b).slice(ROW0,ROWS).load(gl.SliceLayout(1,conv))")}): _RING,
@@ -63,6 +68,15 @@ KNOWN: dict[frozenset, str] = {
                ("_consumer_t", "m1=stats.index(2-2*WG).load(col_s)")}): _MERGE_TN,
     frozenset({("_consumer_t", "stats.index(2*WG+1).store(l)"),
                ("_consumer_t", "l1=stats.index(3-2*WG).load(col_s)")}): _MERGE_TN,
+    frozenset({("_gather_fp8", "_async_load(kr_bits,rope[:,None]+cols_r[None,:],"
+                               "mask=gl.convert_layout(valid_n,gl.SliceLayout(1,gather_r))[:,None])"),
+               ("_dequantise_halves", "rope=k_rope_bits.index(r).load(rl)")}): _RAW,
+    frozenset({_GATHER_RAW, ("_dequantise_halves", "x0=raw.slice(0,FP8_BLOCK,dim=1).load(conv)")}): _RAW,
+    frozenset({_GATHER_SCALES, ("_dequantise_halves", "s0=k_scale_rows.index(r*4).load(sl)")}): _RAW,
+    **{frozenset({_GATHER_RAW, ("_dequantise_halves", f"x{b}=raw.slice({m}FP8_BLOCK,FP8_BLOCK,dim=1).load(conv)")}):
+       _RAW for b, m in ((1, ""), (2, "2*"), (3, "3*"))},
+    **{frozenset({_GATHER_SCALES, ("_dequantise_halves", f"s{b}=k_scale_rows.index(r*4+{b}).load(sl)")}): _RAW
+       for b in (1, 2, 3)},
 }
 _ACCESS = re.compile(r"(Read|Write) access at (\S+?)(?:\+0x[0-9a-f]+)? in (\S+?):(\d+)")
 

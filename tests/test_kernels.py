@@ -8,6 +8,7 @@ checked on a GPU by tests/test_kernels_gpu.py.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -629,31 +630,50 @@ def test_wgmma_kernel_only_on_sm90(capability):
         assert "kernel" not in cfg and "BLOCK_H" in cfg, f"[flashmla sm_{capability[0]}{capability[1]}] {cfg}"
 
 
-@pytest.mark.parametrize("rows,heads,topk,kv_fp8,kernel,ring", [
-    (4, 16, 2048, True, "wgmma_tn", 3),  # one tile a split
-    (8, 16, 2048, True, "wgmma_tn", 3),
-    (16, 16, 2048, True, "wgmma_tn", 3),  # four tiles a split: the most the ring takes
-    (32, 16, 2048, True, "wgmma_tn", 0),  # eight: the two consumers' turns on a slot each are faster
-    (8, 16, 32768, True, "wgmma_tn", 0),
-    (512, 16, 2048, True, "wgmma_tn", 0),
-    (150, 13, 250, True, "wgmma_tn", 3),  # one split of four tiles (direct), 13 of 16 heads
-    (1, 16, 2048, True, "wgmma_tn", 3),  # below TN_MIN_ROWS: FP8 at few rows and a small top-k
-    (3, 16, 2048, True, "wgmma_tn", 3),
-    (1, 32, 2048, True, "wgmma_tn", 2),  # 32 heads: two ring slots beside q
-    (8, 20, 2000, True, "wgmma_tn", 2),
-    (1, 16, 2077, True, "wgmma_ws", 0),  # a larger top-k at few rows: wgmma_ws, as measured
-    (9, 32, 2048, True, "wgmma_ws", 0),
-    (64, 32, 2048, True, "wgmma_tn", 0),  # 16 tiles a split
-    (8, 16, 2048, False, "wgmma_tn", 0),  # bf16 kv: no raw bytes to ring
+@pytest.mark.parametrize("rows,heads,topk,kv_fp8,kernel,ring,raw", [
+    (4, 16, 2048, True, "wgmma_tn", 3, 0),  # one tile a split
+    (8, 16, 2048, True, "wgmma_tn", 3, 0),
+    (16, 16, 2048, True, "wgmma_tn", 3, 0),  # four tiles a split: the most the ring takes
+    (32, 16, 2048, True, "wgmma_tn", 0, 2),  # eight: raw halves, each consumer its own tiles
+    (8, 16, 32768, True, "wgmma_tn", 0, 2),
+    (512, 16, 2048, True, "wgmma_tn", 0, 2),
+    (40, 7, 2077, True, "wgmma_tn", 0, 2),  # 7 of 16 heads, a partial last tile
+    (150, 13, 250, True, "wgmma_tn", 3, 0),  # one split of four tiles (direct), 13 of 16 heads
+    (1, 16, 2048, True, "wgmma_tn", 3, 0),  # below TN_MIN_ROWS: FP8 at few rows and a small top-k
+    (3, 16, 2048, True, "wgmma_tn", 3, 0),
+    (1, 32, 2048, True, "wgmma_tn", 2, 0),  # 32 heads: two ring slots beside q
+    (8, 20, 2000, True, "wgmma_tn", 2, 0),
+    (1, 16, 2077, True, "wgmma_ws", 0, 0),  # a larger top-k at few rows: wgmma_ws, as measured
+    (9, 32, 2048, True, "wgmma_ws", 0, 0),
+    (64, 32, 2048, True, "wgmma_tn", 0, 0),  # 16 tiles a split at 32 heads: in place (no room for raw slots)
+    (8, 16, 2048, False, "wgmma_tn", 0, 0),  # bf16 kv: no raw bytes to ring
+    (512, 16, 2048, False, "wgmma_tn", 0, 0),
 ])
-def test_sm90_fp8_ring_where_a_split_has_few_tiles(monkeypatch, rows, heads, topk, kv_fp8, kernel, ring):
+def test_sm90_fp8_ring_where_a_split_has_few_tiles(monkeypatch, rows, heads, topk, kv_fp8, kernel, ring, raw):
     """With FP8 tokens at <= 32 heads, where a split has at most ``ring_max_tiles`` KV tiles,
     sm_90 plans ``wgmma_tn`` with its ring of raw slots (``RING``), also below ``TN_MIN_ROWS``
-    at few rows and a small top-k; elsewhere it keeps the two slots (or wgmma_ws)."""
+    at few rows and a small top-k; with more tiles at 16 heads its raw halves (``RAW_HALVES``);
+    elsewhere it keeps the two in-place slots (or wgmma_ws)."""
     cuda_configs, plan, where = _h200_plan_running(monkeypatch, rows, heads, topk, kv_fp8, kernel)
     assert plan.main.kwargs.get("RING", 0) == ring, where
+    assert plan.main.kwargs.get("RAW_HALVES", 0) == raw, where
     if ring:
         assert -(-plan.split_len // 64) <= cuda_configs.TN_FP8_RING_MAX_TILES, where
+    if raw:
+        assert plan.main.kwargs["BLOCK_H"] == 16, where
+        assert -(-plan.split_len // 64) > cuda_configs.TN_FP8_RING_MAX_TILES, where
+    if kernel == "wgmma_tn":  # the ahead-of-time compile has this launch's constexprs
+        want = {k: v for k, v in plan.main.kwargs.items() if k.isupper()}
+        assert any(want.items() <= job.items() for job in _sm90_tn_jobs()), where
+
+
+@functools.cache
+def _sm90_tn_jobs() -> list[dict]:
+    """The constexprs of every bf16 wgmma_tn compile of ``graphattn.kernels.aot`` for sm_90."""
+    from graphattn.kernels import aot
+
+    return [meta for kernel, _, meta, _, dtype in aot.jobs(["sm90"])
+            if kernel == "flashmla_wgmma_tn" and dtype == "bf16"]
 
 
 @pytest.mark.parametrize("rows,heads,topk,kv_fp8,kernel,early", [
