@@ -241,6 +241,12 @@ REGRESSION_SHAPES = (
     _regression(13, 300, 5, 5000, out_of_range=0.2, kv_dtype=KV_FP8),
     _regression(16, 250, 150, 5000, empty_rows=1, kv_dtype=KV_FP8),
     _regression(20, 2000, 2, 5000, empty_rows=1, kv_dtype=KV_FP8),
+    # FP8 tokens through wgmma_tn's raw halves (more tiles a split, 16 heads): 7 of 16 heads in
+    # splits of 5 tiles, the last part-filled, indices past the pool, an all-invalid row; one
+    # split of 5 tiles storing out/lse directly. And in place at 20 of 32 heads (2 splits of 5).
+    _regression(7, 1100, 33, 5000, out_of_range=0.2, empty_rows=1, kv_dtype=KV_FP8),
+    _regression(16, 320, 140, 5000, kv_dtype=KV_FP8),
+    _regression(20, 640, 64, 5000, kv_dtype=KV_FP8),
     # wgmma_rr's producer loading its indices a round ahead (IDX_EARLY: two head blocks): 100
     # heads in one split, 8 rounds the last part-filled, indices past the pool, an all-invalid
     # row; the same in 6 splits (head-major partials: 100 heads is no multiple of 16).
@@ -340,7 +346,7 @@ def kernel_label(case: FuzzCase, q: torch.Tensor, kv: torch.Tensor, platform=Non
     """Which kernel a flashmla case runs (a Gluon kernel's key such as ``wgmma_rr``, with
     ``+cluster`` where its two splits merge in a thread-block cluster, ``+native`` where its
     partials go to the combine in the accumulator's order, ``+ring`` where FP8 tokens go
-    through a ring of raw slots and ``+early`` where its producer loads the indices early,
+    through a ring of raw slots, ``+raw`` where they go through wgmma_tn's raw halves and ``+early`` where its producer loads the indices early,
     ``triton_kv_major``, ``triton``); the
     backend name for the others. ``platform``: whose launch table (default the current one)."""
     if case.backend != "flashmla":
@@ -353,6 +359,7 @@ def kernel_label(case: FuzzCase, q: torch.Tensor, kv: torch.Tensor, platform=Non
     return (plan.kernel + ("+cluster" if plan.main.cluster > 1 else "")
             + ("+native" if plan.main.kwargs.get("PARTIAL_NATIVE") else "")
             + ("+ring" if plan.main.kwargs.get("RING") else "")
+            + ("+raw" if plan.main.kwargs.get("RAW_HALVES") else "")
             + ("+early" if plan.main.kwargs.get("IDX_EARLY") else ""))
 
 
