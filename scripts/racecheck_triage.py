@@ -71,12 +71,11 @@ KNOWN: dict[frozenset, str] = {
     frozenset({("_gather_fp8", "_async_load(kr_bits,rope[:,None]+cols_r[None,:],"
                                "mask=gl.convert_layout(valid_n,gl.SliceLayout(1,gather_r))[:,None])"),
                ("_dequantise_halves", "rope=k_rope_bits.index(r).load(rl)")}): _RAW,
-    frozenset({_GATHER_RAW, ("_dequantise_halves", "x0=raw.slice(0,FP8_BLOCK,dim=1).load(conv)")}): _RAW,
-    frozenset({_GATHER_SCALES, ("_dequantise_halves", "s0=k_scale_rows.index(r*4).load(sl)")}): _RAW,
-    **{frozenset({_GATHER_RAW, ("_dequantise_halves", f"x{b}=raw.slice({m}FP8_BLOCK,FP8_BLOCK,dim=1).load(conv)")}):
-       _RAW for b, m in ((1, ""), (2, "2*"), (3, "3*"))},
-    **{frozenset({_GATHER_SCALES, ("_dequantise_halves", f"s{b}=k_scale_rows.index(r*4+{b}).load(sl)")}): _RAW
-       for b in (1, 2, 3)},
+    # each scale block's bytes and scales (block b starts at column b * FP8_BLOCK, scale row r * 4 + b)
+    **{frozenset({_GATHER_RAW, ("_dequantise_halves", f"x{b}=raw.slice({col},FP8_BLOCK,dim=1).load(conv)")}): _RAW
+       for b, col in enumerate(("0", "FP8_BLOCK", "2*FP8_BLOCK", "3*FP8_BLOCK"))},
+    **{frozenset({_GATHER_SCALES, ("_dequantise_halves", f"s{b}=k_scale_rows.index({sc}).load(sl)")}): _RAW
+       for b, sc in enumerate(("r*4", "r*4+1", "r*4+2", "r*4+3"))},
 }
 _ACCESS = re.compile(r"(Read|Write) access at (\S+?)(?:\+0x[0-9a-f]+)? in (\S+?):(\d+)")
 

@@ -138,16 +138,14 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
                 # (wgmma_tn's 16- and 32-head tiles both, where its heads a program fit one wave)
                 if "LAUNCH_DEPENDENTS" in names and _combine_pdl(target):
                     variants.append(("bf16", {**kv, "LAUNCH_DEPENDENTS": 1}))
-                if "RING" in names and kv and cfg.get("fp8_ring"):  # FP8 tokens through a ring of raw slots
-                    ring = {**kv, "RING": cfg["fp8_ring"]}
-                    variants += [("bf16", ring), ("fp16", ring), ("bf16", {**ring, "DIRECT": True})]
-                    if _combine_pdl(target):  # at 1-2 rows, before a combine launched as a PDL
-                        variants.append(("bf16", {**ring, "LAUNCH_DEPENDENTS": 1}))
-                if "RAW_HALVES" in names and kv and cfg.get("fp8_raw_halves"):  # more tiles a split
-                    halves = {**kv, "RAW_HALVES": cfg["fp8_raw_halves"]}
-                    variants += [("bf16", halves), ("fp16", halves), ("bf16", {**halves, "DIRECT": True})]
-                    if _combine_pdl(target):
-                        variants.append(("bf16", {**halves, "LAUNCH_DEPENDENTS": 1}))
+                # FP8 tokens through raw slots of their own: the ring (few tiles a split) and the
+                # raw halves (more), each also stored directly and before a combine as a PDL
+                for constexpr, host_key in (("RING", "fp8_ring"), ("RAW_HALVES", "fp8_raw_halves")):
+                    if constexpr in names and kv and cfg.get(host_key):
+                        raw = {**kv, constexpr: cfg[host_key]}
+                        variants += [("bf16", raw), ("fp16", raw), ("bf16", {**raw, "DIRECT": True})]
+                        if _combine_pdl(target):
+                            variants.append(("bf16", {**raw, "LAUNCH_DEPENDENTS": 1}))
                 if "PARTIAL_16" in names and _partial_native(target) == 2:  # the combine of 16-bit partials
                     variants.append(("bf16", {"PARTIAL_16": 1}))  # with each setting (plain, PDL)
                     if i == 0:

@@ -346,8 +346,8 @@ def kernel_label(case: FuzzCase, q: torch.Tensor, kv: torch.Tensor, platform=Non
     """Which kernel a flashmla case runs (a Gluon kernel's key such as ``wgmma_rr``, with
     ``+cluster`` where its two splits merge in a thread-block cluster, ``+native`` where its
     partials go to the combine in the accumulator's order, ``+ring`` where FP8 tokens go
-    through a ring of raw slots, ``+raw`` where they go through wgmma_tn's raw halves and ``+early`` where its producer loads the indices early,
-    ``triton_kv_major``, ``triton``); the
+    through a ring of raw slots, ``+raw`` where they go through wgmma_tn's raw halves and
+    ``+early`` where its producer loads the indices early, ``triton_kv_major``, ``triton``); the
     backend name for the others. ``platform``: whose launch table (default the current one)."""
     if case.backend != "flashmla":
         return case.backend
