@@ -49,6 +49,7 @@ from .wgmma import _cta_barrier, _launch_dependents, _load_indices, _program_spl
 from .wgmma_ws import (
     _NEW_REINTERPRET,
     CONSUMER_REGS,
+    DEQ_32,
     FP8_BLOCK,
     _dequantise_block,
     _dequantise_tile,
@@ -171,8 +172,7 @@ def _consumer_ring(smem, bars, idx_ptr, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_H, 16])
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)  # per head
     tok_s: gl.constexpr = gl.SliceLayout(1, s_layout)  # per token (and per output column)
-    conv: gl.constexpr = gl.BlockedLayout(  # [32, 128] bytes: 16 per thread, 16 rows a pass
-        size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0])
+    conv: gl.constexpr = DEQ_32  # [32, 128] bytes of my half of the tile
     HALF: gl.constexpr = D_NOPE // 2
     ROWS: gl.constexpr = BLOCK_N // 2
     ROW0: gl.constexpr = WG * ROWS
@@ -244,12 +244,12 @@ def _dequantise_halves(t, phases, kv_ready, kv_free, k_raw, k_scale_rows, k_rope
     rope converted. Ends with the fence and barrier the scores' wgmma needs. ``phases``: bit
     ``r`` the parity of this consumer's next wait on slot ``r``'s ready barrier (its own:
     ``kv_ready[r * 2 + WG]``); returns it updated."""
-    conv: gl.constexpr = gl.BlockedLayout(  # [32, 128] bytes: 16 per thread, 16 rows a pass
-        size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0])
+    conv: gl.constexpr = DEQ_32
     rl: gl.constexpr = gl.BlockedLayout(
         size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0])
     sl: gl.constexpr = gl.SliceLayout(1, conv)
     HALF_N: gl.constexpr = k_raw.shape[1]
+    gl.static_assert(HALF_N == 32, "DEQ_32's rows")
     for j in gl.static_range(2):
         h = 2 * t + j
         r = h % RAW

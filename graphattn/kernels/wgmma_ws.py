@@ -86,6 +86,21 @@ CONSUMER_REGS = gl.constexpr(232)
 FP8_SCALE_OFFSET = gl.constexpr(SCALE_OFFSET)  # bytes: the 4 float32 scales after the 512 FP8 values
 FP8_ROPE_OFFSET = gl.constexpr(ROPE_OFFSET)  # bytes: then the 64 bf16 rotary values
 FP8_BLOCK = gl.constexpr(TILE)  # values per scale
+# A scale block of FP8 values as the consumers dequantise it, [32 or 64 tokens, 128 values]: each
+# thread 16 consecutive bytes of a token and the 16 that lie 64 columns on (16-byte shared loads,
+# two 16-byte stores of q's dtype each). Shared memory serves a 16-byte access 8 lanes at a time.
+# With a BlockedLayout's 8 lanes a row (16 bytes each), those lanes' stores of values hit 4 of
+# the 8 16-byte bank groups twice (the 128-byte swizzle puts chunk 2k of row r at 2k ^ (r % 8):
+# even chunks only, for even r): 2 wavefronts for 1 (Nsight Compute). Here lanes 0-3 and 4-7 take
+# rows r and r ^ 5: their bytes lie in chunks {0..3} ^ r and {4..7} ^ r, their values in even and
+# odd chunks, so neither access conflicts.
+DEQ_32 = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 64]], lane_bases=[[0, 16], [0, 32], [5, 0], [2, 0], [8, 0]],
+    warp_bases=[[16, 0], [1, 0]], block_bases=[], shape=[32, 128]))
+DEQ_64 = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 64], [32, 0]],
+    lane_bases=[[0, 16], [0, 32], [5, 0], [2, 0], [8, 0]], warp_bases=[[16, 0], [1, 0]], block_bases=[],
+    shape=[64, 128]))
 # The producer's FP8 gathers: the tokens' 512 bytes ([BLOCK_N, 512] uint8, 16 bytes per copy) and
 # their 4 float32 scales, block-major ([4, BLOCK_N], one 4-byte copy each); the rope as bf16's.
 FP8_GATHER = gl.constexpr(gl.BlockedLayout(
@@ -247,8 +262,11 @@ def _dequantise_rows(t, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_ro
     read every FP8 byte by then). Ends with the fence and barrier the scores' wgmma needs."""
     slot = t % 2
     mbarrier.wait(kv_ready.index(slot), (t // 2) & 1)
-    conv: gl.constexpr = gl.BlockedLayout(  # [BLOCK_N, 128] bytes: 16 per thread per 16 rows
-        size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0])
+    if ROWS == 64:
+        conv: gl.constexpr = DEQ_64
+    else:
+        gl.static_assert(ROWS == 32, "DEQ_32's or DEQ_64's rows")
+        conv: gl.constexpr = DEQ_32
     raw = k_raw.index(slot).slice(ROW0, ROWS, dim=0)
     kn = k_nope.index(slot).slice(ROW0, ROWS, dim=0)
     # The compiler puts a barrier between shared loads and stores of views it cannot tell apart
