@@ -29,7 +29,10 @@ early in splits too), replacing those rows: within -1.0% to +4.1% of them. Both 
 programmatic dependent launch of one program per SM where it fits, up to 16 heads a program of
 wgmma_tn's head-major combine), replacing every flashmla row of both tables. FP8 16 x 64, 16 x
 512 and 16 x 8 x topk 32768 are from the A/B of 2026-12-04 (session 17) that landed wgmma_tn's
-raw halves (RAW_HALVES, 0810716); FP8 16 x 64 x topk 8192 was not measured again.
+raw halves (RAW_HALVES, 0810716); FP8 16 x 64 x topk 8192 was not measured again. The whole FP8
+flashmla column was measured again in one run on 2026-12-04 (session 18) at 01a0d56 (every Gluon
+FP8 path dequantising through a register layout whose shared stores do not conflict), replacing
+every FP8 flashmla row.
 """
 
 from __future__ import annotations
@@ -60,26 +63,26 @@ H200_US: dict[tuple[int, int, int], dict[str, float]] = {
 }
 
 H200_US_FP8: dict[tuple[int, int, int], dict[str, float]] = {
-    (16, 1, 2048): {"flashmla": 9.0, "trtllm": 37.6, "mega": 243.5},
-    (16, 8, 2048): {"flashmla": 13.6, "trtllm": 39.4, "mega": 250.2},
-    (16, 64, 2048): {"flashmla": 48.9, "trtllm": 171.1, "mega": 251.6},
-    (16, 512, 2048): {"flashmla": 331.0, "trtllm": 958.0, "mega": 986.8},
-    (32, 1, 2048): {"flashmla": 10.3, "trtllm": 55.0, "mega": 312.5},
-    (32, 8, 2048): {"flashmla": 16.7, "trtllm": 58.1, "mega": 310.7},
-    (32, 64, 2048): {"flashmla": 60.9, "trtllm": 171.8, "mega": 306.5},
-    (32, 512, 2048): {"flashmla": 411.0, "trtllm": 918.6, "mega": 919.0},
+    (16, 1, 2048): {"flashmla": 8.6, "trtllm": 37.6, "mega": 243.5},
+    (16, 8, 2048): {"flashmla": 13.1, "trtllm": 39.4, "mega": 250.2},
+    (16, 64, 2048): {"flashmla": 47.4, "trtllm": 171.1, "mega": 251.6},
+    (16, 512, 2048): {"flashmla": 325.5, "trtllm": 958.0, "mega": 986.8},
+    (32, 1, 2048): {"flashmla": 10.2, "trtllm": 55.0, "mega": 312.5},
+    (32, 8, 2048): {"flashmla": 16.1, "trtllm": 58.1, "mega": 310.7},
+    (32, 64, 2048): {"flashmla": 61.8, "trtllm": 171.8, "mega": 306.5},
+    (32, 512, 2048): {"flashmla": 406.4, "trtllm": 918.6, "mega": 919.0},
     (64, 1, 2048): {"flashmla": 10.5, "trtllm": 56.2, "mega": 308.3},
-    (64, 8, 2048): {"flashmla": 17.4, "trtllm": 58.8, "mega": 309.7},
-    (64, 64, 2048): {"flashmla": 65.1, "trtllm": 238.8, "mega": 306.5},
-    (64, 512, 2048): {"flashmla": 405.4, "trtllm": 1794.8, "mega": 1797.8},
-    (128, 1, 2048): {"flashmla": 10.8, "trtllm": 57.2, "mega": 305.8},
-    (128, 8, 2048): {"flashmla": 23.6, "trtllm": 108.4, "mega": 303.2},
-    (128, 64, 2048): {"flashmla": 103.8, "trtllm": 450.0, "mega": 450.9},
-    (128, 512, 2048): {"flashmla": 798.4, "trtllm": 3482.0, "mega": 3491.0},
-    (16, 64, 8192): {"flashmla": 180.8, "trtllm": 629.8, "mega": 986.5},
-    (64, 64, 8192): {"flashmla": 205.5, "trtllm": 896.7, "mega": 1193.9},
-    (128, 64, 8192): {"flashmla": 383.5, "trtllm": 1767.3, "mega": 1764.7},
-    (16, 8, 32768): {"flashmla": 86.2, "trtllm": 474.4, "mega": 3967.4},
-    (64, 8, 32768): {"flashmla": 109.4, "trtllm": 613.1, "mega": 4905.9},
-    (128, 8, 32768): {"flashmla": 200.5, "trtllm": 1423.7, "mega": 4771.7},
+    (64, 8, 2048): {"flashmla": 17.5, "trtllm": 58.8, "mega": 309.7},
+    (64, 64, 2048): {"flashmla": 63.6, "trtllm": 238.8, "mega": 306.5},
+    (64, 512, 2048): {"flashmla": 392.0, "trtllm": 1794.8, "mega": 1797.8},
+    (128, 1, 2048): {"flashmla": 10.7, "trtllm": 57.2, "mega": 305.8},
+    (128, 8, 2048): {"flashmla": 23.8, "trtllm": 108.4, "mega": 303.2},
+    (128, 64, 2048): {"flashmla": 101.3, "trtllm": 450.0, "mega": 450.9},
+    (128, 512, 2048): {"flashmla": 766.9, "trtllm": 3482.0, "mega": 3491.0},
+    (16, 64, 8192): {"flashmla": 151.8, "trtllm": 629.8, "mega": 986.5},
+    (64, 64, 8192): {"flashmla": 195.9, "trtllm": 896.7, "mega": 1193.9},
+    (128, 64, 8192): {"flashmla": 373.9, "trtllm": 1767.3, "mega": 1764.7},
+    (16, 8, 32768): {"flashmla": 82.3, "trtllm": 474.4, "mega": 3967.4},
+    (64, 8, 32768): {"flashmla": 106.3, "trtllm": 613.1, "mega": 4905.9},
+    (128, 8, 32768): {"flashmla": 195.3, "trtllm": 1423.7, "mega": 4771.7},
 }
