@@ -118,3 +118,68 @@ def test_aot_reports_registers_and_spills_of_an_sm90_kernel():
     if usage is None:
         pytest.skip("no ptxas bundled with this triton accepts its PTX")
     assert 0 < usage["registers"] <= 255 and usage["spill_stores"] >= 0, usage
+
+
+def _swizzled_chunk(row: int, col: int, element_bytes: int) -> int:
+    """The 16-byte bank group of element ``(row, col)`` of an NVMMA tile with the 128-byte swizzle
+    (``element_bytes`` 1: the FP8 bytes, 2: the dequantised values): chunk ``c`` of a row's
+    128-byte line is stored at ``c ^ (row % 8)``."""
+    return ((col * element_bytes) % 128 // 16) ^ (row % 8)
+
+
+def _lane_conflicts(bases: dict, element_bytes: int) -> int:
+    """The worst n-way bank conflict of a 16-byte shared access (``16 / element_bytes`` values a
+    lane, the register bases' first ones) by ``bases`` (a DistributedLinearLayout's reg, lane and
+    warp bases over ``[rows, cols]``), which shared memory serves 8 lanes at a time."""
+    def element(reg, lane, warp):
+        row = col = 0
+        for bits, key in ((reg, "reg"), (lane, "lane"), (warp, "warp")):
+            for i, (r, c) in enumerate(bases[key]):
+                if bits >> i & 1:
+                    row, col = row ^ r, col ^ c
+        return row, col
+    vec_bits = (16 // element_bytes).bit_length() - 1
+    worst = 0
+    for warp in range(1 << len(bases["warp"])):
+        for reg in range(0, 1 << len(bases["reg"]), 1 << vec_bits):
+            for first in range(0, 32, 8):
+                chunks = [_swizzled_chunk(*element(reg, lane, warp), element_bytes) for lane in range(first, first + 8)]
+                worst = max(worst, max(chunks.count(c) for c in chunks))
+    return worst
+
+
+def test_fp8_dequantisation_layouts_do_not_conflict_in_shared_memory():
+    """DEQ_32 / DEQ_64 (wgmma_ws: every Gluon FP8 dequantisation) cover a [rows, 128] scale block
+    once and read its FP8 bytes and write its values without shared-memory bank conflicts under
+    the 128-byte swizzle; the BlockedLayout they replaced wrote its values 2-way conflicted (twice
+    the ideal wavefronts in Nsight Compute on the H200, docs/benchmarks.md)."""
+    code = ("import json; from graphattn.kernels import wgmma_ws as w; "
+            "print(json.dumps({n: dict(reg=l.reg_bases, lane=l.lane_bases, warp=l.warp_bases, shape=l.shape) "
+            "for n, l in (('DEQ_32', w.DEQ_32.value), ('DEQ_64', w.DEQ_64.value))}))")
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    from graphattn.cuda.configs import gluon_available
+
+    if proc.returncode != 0 and not gluon_available():
+        pytest.skip("this triton has no Gluon")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    layouts = json.loads(proc.stdout.strip().splitlines()[-1])
+    blocked_32 = dict(reg=[[0, 1], [0, 2], [0, 4], [0, 8], [16, 0]], lane=[[0, 16], [0, 32], [0, 64], [1, 0], [2, 0]],
+                      warp=[[4, 0], [8, 0]], shape=[32, 128])
+    assert _lane_conflicts(blocked_32, 2) == 2 and _lane_conflicts(blocked_32, 1) == 1  # the model sees it
+    for name, bases in layouts.items():
+        rows, cols = bases["shape"]
+        assert cols == 128 and rows in (32, 64), name
+        n_bits = len(bases["reg"]) + len(bases["lane"]) + len(bases["warp"])
+        covered = set()
+        for index in range(1 << n_bits):
+            row = col = 0
+            for i, (r, c) in enumerate(bases["reg"] + bases["lane"] + bases["warp"]):
+                if index >> i & 1:
+                    row, col = row ^ r, col ^ c
+            covered.add((row, col))
+        assert covered == {(r, c) for r in range(rows) for c in range(cols)}, f"{name} does not cover the block once"
+        assert _lane_conflicts(bases, 1) == 1, f"{name}: its FP8 byte loads conflict"
+        assert _lane_conflicts(bases, 2) == 1, f"{name}: its stores of dequantised values conflict"
