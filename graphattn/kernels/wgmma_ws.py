@@ -94,13 +94,12 @@ FP8_BLOCK = gl.constexpr(TILE)  # values per scale
 # even chunks only, for even r): 2 wavefronts for 1 (Nsight Compute). Here lanes 0-3 and 4-7 take
 # rows r and r ^ 5: their bytes lie in chunks {0..3} ^ r and {4..7} ^ r, their values in even and
 # odd chunks, so neither access conflicts.
-DEQ_32 = gl.constexpr(gl.DistributedLinearLayout(
-    reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 64]], lane_bases=[[0, 16], [0, 32], [5, 0], [2, 0], [8, 0]],
-    warp_bases=[[16, 0], [1, 0]], block_bases=[], shape=[32, 128]))
-DEQ_64 = gl.constexpr(gl.DistributedLinearLayout(
-    reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 64], [32, 0]],
-    lane_bases=[[0, 16], [0, 32], [5, 0], [2, 0], [8, 0]], warp_bases=[[16, 0], [1, 0]], block_bases=[],
-    shape=[64, 128]))
+# DEQ_64 is DEQ_32 with rows 32-63 in one more register.
+_DEQ_REGS = [[0, 1], [0, 2], [0, 4], [0, 8], [0, 64]]
+_DEQ_LANES = [[0, 16], [0, 32], [5, 0], [2, 0], [8, 0]]
+_DEQ_WARPS = [[16, 0], [1, 0]]
+DEQ_32 = gl.constexpr(gl.DistributedLinearLayout(_DEQ_REGS, _DEQ_LANES, _DEQ_WARPS, [], [32, 128]))
+DEQ_64 = gl.constexpr(gl.DistributedLinearLayout(_DEQ_REGS + [[32, 0]], _DEQ_LANES, _DEQ_WARPS, [], [64, 128]))
 # The producer's FP8 gathers: the tokens' 512 bytes ([BLOCK_N, 512] uint8, 16 bytes per copy) and
 # their 4 float32 scales, block-major ([4, BLOCK_N], one 4-byte copy each); the rope as bf16's.
 FP8_GATHER = gl.constexpr(gl.BlockedLayout(
