@@ -148,14 +148,10 @@ def _lane_conflicts(bases: dict, element_bytes: int) -> int:
     return worst
 
 
-def test_fp8_dequantisation_layouts_do_not_conflict_in_shared_memory():
-    """DEQ_32 / DEQ_64 (wgmma_ws: every Gluon FP8 dequantisation) cover a [rows, 128] scale block
-    once and read its FP8 bytes and write its values without shared-memory bank conflicts under
-    the 128-byte swizzle; the BlockedLayout they replaced wrote its values 2-way conflicted (twice
-    the ideal wavefronts in Nsight Compute on the H200, docs/benchmarks.md)."""
-    code = ("import json; from graphattn.kernels import wgmma_ws as w; "
-            "print(json.dumps({n: dict(reg=l.reg_bases, lane=l.lane_bases, warp=l.warp_bases, shape=l.shape) "
-            "for n, l in (('DEQ_32', w.DEQ_32.value), ('DEQ_64', w.DEQ_64.value))}))")
+def _gluon_json(code: str):
+    """What ``code`` prints as its last line, parsed as JSON, run in a fresh process that imports
+    Gluon (``TRITON_INTERPRET=0``: this process's triton may be the interpreter's); skips where
+    this triton has no Gluon."""
     env = dict(os.environ, TRITON_INTERPRET="0")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
@@ -165,7 +161,55 @@ def test_fp8_dequantisation_layouts_do_not_conflict_in_shared_memory():
     if proc.returncode != 0 and not gluon_available():
         pytest.skip("this triton has no Gluon")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    layouts = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _accumulator_f32_conflicts(vec: int, per_phase: int, max_phase: int, width: int, cols: int) -> int:
+    """The worst n-way bank conflict of a wgmma accumulator's 8-byte f32 accesses (lane ``l``: row
+    ``l // 4`` (+ 8), columns ``8 j + 2 (l % 4)`` and the next) to a ``[rows, width]`` f32 buffer
+    of a SwizzledSharedLayout (group ``c // vec`` of row ``r`` stored at ``(c // vec) ^ (r //
+    per_phase % max_phase)``), over its first ``cols`` columns; 8-byte accesses are served 16 lanes
+    at a time (128 bytes)."""
+    worst = 0
+    for j in range(cols // 8):
+        for upper in (0, 8):
+            for half in (0, 16):
+                words = {}
+                for lane in range(half, half + 16):
+                    row, col = lane // 4 + upper, 8 * j + 2 * (lane % 4)
+                    group = (col // vec) ^ (row // per_phase % max_phase)
+                    word = row * width + group * vec + col % vec
+                    for w in (word, word + 1):
+                        words.setdefault(w % 32, set()).add(w)
+                worst = max(worst, max(len(ws) for ws in words.values()))
+    return worst
+
+
+def test_merge_staging_layout_does_not_conflict_in_shared_memory():
+    """F32_STAGE (wgmma_ws: every merge's f32 staging in shared memory: wgmma_tn's two consumers,
+    wgmma_rr's and wgmma_ws's cluster merges) takes the wgmma accumulator's 8-byte stores and
+    loads without bank conflicts, at 16 and 32 heads over 128-byte rows (wgmma_tn) and over
+    1 KB rows (the cluster merges' 256 columns); the layouts it replaced were 4-way (8-byte
+    groups) and 2-way (16-byte groups) conflicted."""
+    code = ("import json; from graphattn.kernels import wgmma_ws as w; l = w.F32_STAGE.value; "
+            "print(json.dumps(dict(vec=l.vec, per_phase=l.per_phase, max_phase=l.max_phase, order=list(l.order))))")
+    stage = _gluon_json(code)
+    assert stage.pop("order") == [1, 0], "rows contiguous"
+    for width, cols in ((32, 16), (32, 32), (256, 256)):
+        assert _accumulator_f32_conflicts(2, 1, 8, width, cols) == 4  # the model sees the old layouts
+        assert _accumulator_f32_conflicts(4, 1, 4, width, cols) == 2
+        assert _accumulator_f32_conflicts(**stage, width=width, cols=cols) == 1, (stage, width, cols)
+
+
+def test_fp8_dequantisation_layouts_do_not_conflict_in_shared_memory():
+    """DEQ_32 / DEQ_64 (wgmma_ws: every Gluon FP8 dequantisation) cover a [rows, 128] scale block
+    once and read its FP8 bytes and write its values without shared-memory bank conflicts under
+    the 128-byte swizzle; the BlockedLayout they replaced wrote its values 2-way conflicted (twice
+    the ideal wavefronts in Nsight Compute on the H200, docs/benchmarks.md)."""
+    code = ("import json; from graphattn.kernels import wgmma_ws as w; "
+            "print(json.dumps({n: dict(reg=l.reg_bases, lane=l.lane_bases, warp=l.warp_bases, shape=l.shape) "
+            "for n, l in (('DEQ_32', w.DEQ_32.value), ('DEQ_64', w.DEQ_64.value))}))")
+    layouts = _gluon_json(code)
     blocked_32 = dict(reg=[[0, 1], [0, 2], [0, 4], [0, 8], [16, 0]], lane=[[0, 16], [0, 32], [0, 64], [1, 0], [2, 0]],
                       warp=[[4, 0], [8, 0]], shape=[32, 128])
     assert _lane_conflicts(blocked_32, 2) == 2 and _lane_conflicts(blocked_32, 1) == 1  # the model sees it

@@ -50,6 +50,7 @@ from .wgmma_ws import (
     _NEW_REINTERPRET,
     CONSUMER_REGS,
     DEQ_32,
+    F32_STAGE,
     FP8_BLOCK,
     _dequantise_block,
     _dequantise_tile,
@@ -326,14 +327,13 @@ def _store_lse_t(lse, h, h_ok, row, split, H, lse_ptr, ws_lse_ptr, stride_lr, st
 @gluon.jit
 def _merge_view(k_nope, w: gl.constexpr, D_NOPE: gl.constexpr, BLOCK_H: gl.constexpr):
     """Slot ``w``'s nope tile (``[64, 512]`` of q's dtype: 64 KB) as an f32 ``[512, BLOCK_H]``
-    output, swizzled so that the wgmma accumulator's rows (8 per warp, one
-    128-byte row each at 32 heads) fall in different banks."""
-    flat: gl.constexpr = gl.SwizzledSharedLayout(vec=2, per_phase=1, max_phase=8, order=[1, 0])
+    output (rows of 128 bytes) in :data:`~graphattn.kernels.wgmma_ws.F32_STAGE`, whose swizzle
+    spreads the wgmma accumulator's rows over all 32 banks."""
     WIDTH: gl.constexpr = 32  # 2 x 64 x 512 x 2 bytes = 2 x 512 x 32 x 4
     if _NEW_REINTERPRET:
-        view = k_nope.reinterpret(gl.float32, [2, D_NOPE, WIDTH], flat)
+        view = k_nope.reinterpret(gl.float32, [2, D_NOPE, WIDTH], F32_STAGE)
     else:
-        view = k_nope._reinterpret(gl.float32, [2, D_NOPE, WIDTH], flat)
+        view = k_nope._reinterpret(gl.float32, [2, D_NOPE, WIDTH], F32_STAGE)
     return view.index(w).slice(0, BLOCK_H, dim=1)
 
 

@@ -100,6 +100,13 @@ _DEQ_LANES = [[0, 16], [0, 32], [5, 0], [2, 0], [8, 0]]
 _DEQ_WARPS = [[16, 0], [1, 0]]
 DEQ_32 = gl.constexpr(gl.DistributedLinearLayout(_DEQ_REGS, _DEQ_LANES, _DEQ_WARPS, [], [32, 128]))
 DEQ_64 = gl.constexpr(gl.DistributedLinearLayout(_DEQ_REGS + [[32, 0]], _DEQ_LANES, _DEQ_WARPS, [], [64, 128]))
+# f32 outputs staged in shared memory for a merge (rows of 128 bytes or more): 32-byte groups
+# swizzled by row % 4. A wgmma accumulator's 8-byte stores (and loads in its layout) cover 4 rows
+# x 32 bytes a half-warp, which then fill the 32 banks. The 8-byte groups wgmma_tn's and
+# wgmma_rr's merges had (vec=2, max_phase=8) put them in 8 banks, 4-way conflicted (Nsight Compute
+# on the H200: 3.6x the ideal wavefronts of wgmma_tn's merge), the 16-byte groups of wgmma_ws's
+# cluster merge (vec=4) in 16, 2-way (tests/test_kernels_aot.py models all three).
+F32_STAGE = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=4, order=[1, 0]))
 # The producer's FP8 gathers: the tokens' 512 bytes ([BLOCK_N, 512] uint8, 16 bytes per copy) and
 # their 4 float32 scales, block-major ([4, BLOCK_N], one 4-byte copy each); the rope as bf16's.
 FP8_GATHER = gl.constexpr(gl.BlockedLayout(
@@ -515,13 +522,12 @@ def _normalised(acc, m, l, stat_l, l_ready, row_s: gl.constexpr, o_layout: gl.co
 @gluon.jit
 def _f32_rows(buf, ROWS: gl.constexpr, CHUNK: gl.constexpr, WIDTH: gl.constexpr):
     """``buf`` (a 64 KB ``[64, 512]`` 16-bit tile) as f32 ``[ROWS // CHUNK, CHUNK, WIDTH]``
-    (the layout is one chunk's; row ``r``'s 16-byte groups are swizzled by ``r % 4``, so every
-    ``CHUNK`` that is a multiple of 4 sees the same bytes in the same places)."""
-    flat: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=4, order=[1, 0])
+    (the layout is one chunk's, :data:`F32_STAGE`: row ``r``'s 32-byte groups are swizzled by
+    ``r % 4``, so every ``CHUNK`` that is a multiple of 4 sees the same bytes in the same places)."""
     if _NEW_REINTERPRET:
-        view = buf.reinterpret(gl.float32, [ROWS // CHUNK, CHUNK, WIDTH], flat)
+        view = buf.reinterpret(gl.float32, [ROWS // CHUNK, CHUNK, WIDTH], F32_STAGE)
     else:
-        view = buf._reinterpret(gl.float32, [ROWS // CHUNK, CHUNK, WIDTH], flat)
+        view = buf._reinterpret(gl.float32, [ROWS // CHUNK, CHUNK, WIDTH], F32_STAGE)
     return view
 
 
@@ -781,11 +787,10 @@ def _merge_pair(out, lse, q_nope, stat_w, out_ptr, lse_ptr, ws_out_ptr, ws_lse_p
     lse_p = gl.load(ws_lse_ptr + row.to(gl.int64) * stride_lr + peer * stride_ls + h_s, mask=h_s < H,
                     other=float("-inf"), cache_modifier=".cg")
     w_me, w_p, inv, top, den = _pair_weights(lse, lse_p)
-    flat: gl.constexpr = gl.SwizzledSharedLayout(vec=2, per_phase=1, max_phase=8, order=[1, 0])
     if _NEW_REINTERPRET:
-        stage = q_nope.index(0).reinterpret(gl.float32, [BLOCK_H, HALF], flat)
+        stage = q_nope.index(0).reinterpret(gl.float32, [BLOCK_H, HALF], F32_STAGE)
     else:
-        stage = q_nope.index(0)._reinterpret(gl.float32, [BLOCK_H, HALF], flat)
+        stage = q_nope.index(0)._reinterpret(gl.float32, [BLOCK_H, HALF], F32_STAGE)
     stage.store(out * gl.convert_layout(w_me * inv, row_o)[:, None])
     # stat_w (wgmma_rr's row max) is free: both consumers are past their loops (the sums' exchange).
     stat_w.store(w_p * inv)
