@@ -47,8 +47,8 @@ def test_regression_shapes_flashmla():
 def test_regression_shapes_reach_every_gluon_kernel_on_sm90():
     """On an H200 the regression shapes run each of flashmla's Gluon kernels, the two-split
     cluster merge, the partials in the accumulator's order (also for a partly-masked head block)
-    and wgmma_tn's FP8 ring and raw halves included (random draws seldom plan them), so the GPU
-    sweep checks them all."""
+    and wgmma_tn's FP8 ring, raw halves and early indices included (random draws seldom plan
+    them), so the GPU sweep checks them all."""
     from graphattn.common.platform import DeviceFacts
     from graphattn.cuda.configs import gluon_available
     from graphattn.cuda.platform import CudaPlatform
@@ -67,7 +67,7 @@ def test_regression_shapes_reach_every_gluon_kernel_on_sm90():
     native = {"wgmma_rr+native", "wgmma_ws+native", "wgmma_ws+native fp8"}
     assert {"wgmma_rr+cluster", "wgmma_rr", "wgmma_rr+early", "wgmma_rr+native+early", "wgmma_ws", "wgmma_tn",
             "wgmma_ws+cluster fp8", "wgmma_tn+ring fp8", "wgmma_tn+raw fp8",
-            "wgmma_tn fp8"} | native <= ran, sorted(ran)
+            "wgmma_tn+early fp8"} | native <= ran, sorted(ran)
     assert native <= masked, f"partly-masked head blocks' compact native partials: {sorted(masked)}"
 
 

@@ -701,6 +701,25 @@ def test_sm90_rr_takes_its_index_loads_off_the_producers_path(monkeypatch, rows,
         assert plan.main.cluster == 1 and heads >= cuda_configs._WGMMA_RR_TILE["idx_early_min_heads"], where
 
 
+@pytest.mark.parametrize("rows,heads,topk,kv_fp8,early", [
+    (512, 32, 2048, True, 1),  # FP8 tokens in place, one split
+    (64, 32, 2048, True, 1),  # in place, in splits
+    (64, 24, 8192, True, 1),  # a partly-masked 32-head block
+    (8, 32, 2048, True, 0),  # few tiles a split: the ring
+    (512, 16, 2048, True, 0),  # 16 heads: the raw halves
+    (512, 32, 2048, False, 0),  # bf16 kv
+    (64, 16, 2048, False, 0),
+])
+def test_sm90_tn_takes_its_index_loads_off_the_producers_path_for_fp8_in_place(monkeypatch, rows, heads, topk,
+                                                                               kv_fp8, early):
+    """wgmma_tn's producer loads its indices early (``IDX_EARLY``) where FP8 tokens are gathered
+    in place at 32 heads, as measured on the H200; not with the FP8 ring or raw halves, nor with
+    bf16 kv (both measured slower)."""
+    _, plan, where = _h200_plan_running(monkeypatch, rows, heads, topk, kv_fp8, "wgmma_tn")
+    assert plan.main.kwargs.get("IDX_EARLY", 0) == early, where
+    assert not (early and (plan.main.kwargs.get("RING") or plan.main.kwargs.get("RAW_HALVES"))), where
+
+
 @pytest.mark.parametrize("rows,heads,kv_fp8,override,native", [
     (8, 128, False, {}, True),  # wgmma_rr, 8 splits through the combine
     (8, 64, False, {}, True),

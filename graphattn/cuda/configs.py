@@ -156,11 +156,23 @@ TN_FP8_RAW_HALVES = {16: 2}
 # -> 10.60, 32 x 1 10.13 -> 10.05, 32 x 4 13.32 -> 13.25, 32 x 8 18.47 -> 17.17.
 TN_FP8_FEW_ROWS_MAX_TOPK = 2048
 
+# FP8 tokens gathered in place at 32 heads (neither ring nor raw halves: 32 x 64 rows and more)
+# take their indices off the producer's path: the split's indices asked of L2 first, each tile's
+# loaded two tiles ahead (wgmma_tn's IDX_EARLY, through the host key idx_early_min_heads; 17
+# heads and up run the 32-head block). A/B on the H200 (us, twice alternated, docs/benchmarks.md,
+# nineteenth session): FP8 32 x 512 397.8 -> 382.7, 32 x 64 57.7 -> 57.6; slower at 16 heads'
+# raw halves (16 x 512 318.4 -> 322.0, 16 x 64 45.3 -> 46.3, 16 x 8 x topk 32768 80.4 -> 82.8)
+# and with bf16 kv (16 x 64 45.0 -> 49.7, 32 x 64 49.6 -> 55.1, 16 x 512 298.0 -> 319.3; ptxas:
+# 48 B of spills at 16 heads, none without).
+TN_FP8_IDX_EARLY_MIN_HEADS = {32: 17}
+
 
 def _tn_fp8(tile: dict[str, Any]) -> dict[str, Any]:
-    halves = {"fp8_raw_halves": TN_FP8_RAW_HALVES[tile["BLOCK_H"]]} if tile["BLOCK_H"] in TN_FP8_RAW_HALVES else {}
-    return {**tile, "KV_FP8": 1, "fp8_ring": TN_FP8_RING[tile["BLOCK_H"]], "ring_max_tiles": TN_FP8_RING_MAX_TILES,
-            **halves}
+    block = tile["BLOCK_H"]
+    halves = {"fp8_raw_halves": TN_FP8_RAW_HALVES[block]} if block in TN_FP8_RAW_HALVES else {}
+    early = {"idx_early_min_heads": TN_FP8_IDX_EARLY_MIN_HEADS[block]} if block in TN_FP8_IDX_EARLY_MIN_HEADS else {}
+    return {**tile, "KV_FP8": 1, "fp8_ring": TN_FP8_RING[block], "ring_max_tiles": TN_FP8_RING_MAX_TILES,
+            **halves, **early}
 
 
 @functools.cache  # a process constant; find_spec searches the file system (~0.9 ms) every call

@@ -146,6 +146,12 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
                         variants += [("bf16", raw), ("fp16", raw), ("bf16", {**raw, "DIRECT": True})]
                         if _combine_pdl(target):
                             variants.append(("bf16", {**raw, "LAUNCH_DEPENDENTS": 1}))
+                # FP8 tokens gathered in place with the indices off the producer's path
+                if "IDX_EARLY" in names and kv and cfg.get("idx_early_min_heads"):
+                    early = {**kv, "IDX_EARLY": 1}
+                    variants += [("bf16", early), ("fp16", early), ("bf16", {**early, "DIRECT": True})]
+                    if _combine_pdl(target):
+                        variants.append(("bf16", {**early, "LAUNCH_DEPENDENTS": 1}))
                 if "PARTIAL_16" in names and _partial_native(target) == 2:  # the combine of 16-bit partials
                     variants.append(("bf16", {"PARTIAL_16": 1}))  # with each setting (plain, PDL)
                     if i == 0:

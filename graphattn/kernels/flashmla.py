@@ -156,8 +156,9 @@ NATIVE_HEADS = 16  # the rows of one warp of a wgmma accumulator
 # KV tiles (sm_90: wgmma_tn, three slots at 16 heads and two at 32).
 RING_KERNELS = ("wgmma_tn",)
 # Kernels whose producer can take its index loads off its path (IDX_EARLY), where the launch
-# setting says ``idx_early_min_heads`` and a launch of that many heads is not a cluster merge.
-IDX_EARLY_KERNELS = ("wgmma_rr",)
+# setting says ``idx_early_min_heads`` and a launch of that many heads is not a cluster merge and
+# gathers in place (wgmma_tn's FP8 ring and raw halves were measured slower with it).
+IDX_EARLY_KERNELS = ("wgmma_rr", "wgmma_tn")
 NATIVE_COMBINE = ("wgmma_ws", "_flashmla_combine_native_kernel")  # Gluon, beside the store it reads
 
 
@@ -228,8 +229,8 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
     if (splits == 2 and cfg.get("cluster_merge") and name in CLUSTER_MERGE_KERNELS
             and ctas >= cfg.get("cluster_min_fill", 0) * platform.num_compute_units()):
         meta["CLUSTER"] = 2  # the two splits merge in the kernel, as a cluster: no combine launch
-    if cfg.get("idx_early_min_heads") and name in IDX_EARLY_KERNELS and not meta.get("CLUSTER") \
-            and heads >= cfg["idx_early_min_heads"]:
+    if (cfg.get("idx_early_min_heads") and name in IDX_EARLY_KERNELS and heads >= cfg["idx_early_min_heads"]
+            and not (meta.get("CLUSTER") or meta.get("RING") or meta.get("RAW_HALVES"))):
         meta["IDX_EARLY"] = 1  # the producer's index loads off its path
     combine = None
     if splits > 1 and not meta.get("CLUSTER"):

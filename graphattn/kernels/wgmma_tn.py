@@ -27,6 +27,9 @@ KV tiles by 16-byte ``cp.async`` into two slots) and FP8 dequantisation this ker
   gathers 32-token halves into two raw slots of their own, and each consumer dequantises its own
   tiles out of them into its own bf16 tile (:func:`_tn_raw_halves`), so the gathers no longer
   wait for a consumer to free its slot (7-10% faster than dequantising in place).
+* **Early indices** (``IDX_EARLY``): the producer asks L2 for the split's indices at its start
+  and loads each tile's two tiles ahead, so its gathers do not wait on them (launched for FP8
+  tokens in place at 32 heads, where it was measured faster; graphattn.cuda.configs).
 
 Outputs and conventions are those of ``_flashmla_split_kernel`` (graphattn.kernels.flashmla): a
 normalised partial (or the final ``out``/``lse`` with ``DIRECT``), scores in base 2, an index
@@ -345,7 +348,7 @@ def _flashmla_tn_kernel(
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     STAGES: gl.constexpr, DIRECT: gl.constexpr, KV_FP8: gl.constexpr = 0, LAUNCH_DEPENDENTS: gl.constexpr = 0,
-    RING: gl.constexpr = 0, RAW_HALVES: gl.constexpr = 0,
+    RING: gl.constexpr = 0, RAW_HALVES: gl.constexpr = 0, IDX_EARLY: gl.constexpr = 0,
 ):
     """Arguments, grid and outputs as ``_flashmla_split_kernel`` (graphattn.kernels.flashmla)
     with ``BLOCK_H`` 16 or 32; launch with ``num_warps=4`` and ``maxnreg=168`` (12 warps run:
@@ -353,7 +356,9 @@ def _flashmla_tn_kernel(
     (FP8 only): the tokens' bytes land in a ring of ``R`` slots of their own, and both
     consumers work on every tile in one bf16 tile (:func:`_consumer_ring`). ``RAW_HALVES=R``
     (FP8, 16 heads): the tokens' bytes land in a ring of ``R`` 32-token raw slots, and each
-    consumer dequantises its own tiles out of it into its own bf16 tile (:func:`_tn_raw_halves`)."""
+    consumer dequantises its own tiles out of it into its own bf16 tile (:func:`_tn_raw_halves`).
+    ``IDX_EARLY=1``: the producer asks L2 for the split's indices first and loads each tile's
+    two tiles ahead (wgmma_ws's ``_producer``)."""
     gl.static_assert((BLOCK_H == 16) | (BLOCK_H == 32), "heads on the wgmma's N side: 16 or 32 per program")
     gl.static_assert(BLOCK_N == 64, "tokens on the wgmma's M side: one M tile per KV tile")
     gl.static_assert(STAGES == 2, "two KV slots, one per consumer")
@@ -372,12 +377,12 @@ def _flashmla_tn_kernel(
         _tn_raw_halves(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                        H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                        stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                       stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, RAW_HALVES)
+                       stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, RAW_HALVES, IDX_EARLY)
     elif RING:  # FP8 tokens through a ring of their own
         _tn_ring(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                  H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                  stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-                 BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, RING)
+                 BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, RING, IDX_EARLY)
     else:
         smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         # P^T [64 tokens, BLOCK_H]: the wgmma's B operand, heads contiguous (rows of 32 or 64 bytes).
@@ -415,7 +420,8 @@ def _flashmla_tn_kernel(
             (_producer, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                          H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                          stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                         stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8)),
+                         stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, KV_FP8, 0, q_ready, stats, 2, 1,
+                         IDX_EARLY)),
             (_consumer_t, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                            H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                            stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
@@ -432,7 +438,7 @@ def _tn_ring(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
              H, pool, qk_scale, row, hb, split, start, end, n_tiles,
              stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
              BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-             DIRECT: gl.constexpr, RING: gl.constexpr):
+             DIRECT: gl.constexpr, RING: gl.constexpr, IDX_EARLY: gl.constexpr = 0):
     """``_flashmla_tn_kernel`` with ``RING`` (FP8 tokens): the producer gathers each tile's
     bytes, scales and rope into a ring of ``RING`` slots (41 KB each: three beside q and one
     bf16 tile at 16 heads), freed once both consumers have dequantised the bytes and computed the
@@ -478,7 +484,8 @@ def _tn_ring(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
         (_producer, (p_smem, p_bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                      H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                      stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 1, 0, q_ready, p_buf, RING)),
+                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 1, 0, q_ready, p_buf, RING, 1,
+                     IDX_EARLY)),
         (_consumer_ring, (smem, bars, idx_ptr, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr,
                           H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                           stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
@@ -495,7 +502,7 @@ def _tn_raw_halves(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_
                    H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                    stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
                    BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-                   DIRECT: gl.constexpr, RAW: gl.constexpr):
+                   DIRECT: gl.constexpr, RAW: gl.constexpr, IDX_EARLY: gl.constexpr = 0):
     """``_flashmla_tn_kernel`` with ``RAW_HALVES=RAW`` (FP8 tokens, 16 heads): the producer
     gathers the split's 32-token halves (bytes, scales and rope: 20.5 KB each) into a ring of
     ``RAW`` raw slots, and consumer ``w`` takes its tiles (``t % 2 == w``) out of it into its own
@@ -549,7 +556,8 @@ def _tn_raw_halves(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_
         (_producer, (p_smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                      H, pool, qk_scale, row, hb, split, start, end, 2 * n_tiles,
                      stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                     stride_ls, BLOCK_H, HALF_N, D_NOPE, D_ROPE, DIRECT, 1, 0, q_ready, stats, RAW, 2)),
+                     stride_ls, BLOCK_H, HALF_N, D_NOPE, D_ROPE, DIRECT, 1, 0, q_ready, stats, RAW, 2,
+                     IDX_EARLY)),
         (_consumer_t, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                        H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                        stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,

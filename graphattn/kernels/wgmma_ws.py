@@ -71,6 +71,7 @@ from .wgmma import (
     _launch_dependents,
     _load_indices,
     _load_q,
+    _prefetch_indices_l2,
     _program_split,
 )
 
@@ -132,7 +133,7 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
               stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
               DIRECT: gl.constexpr, KV_FP8: gl.constexpr, CLUSTER: gl.constexpr = 0, o_ready=None,
-              o_wts=None, SLOTS: gl.constexpr = 2, OWNERS: gl.constexpr = 1):
+              o_wts=None, SLOTS: gl.constexpr = 2, OWNERS: gl.constexpr = 1, IDX_EARLY: gl.constexpr = 0):
     """Default partition (4 warps): every KV tile of the split into its slot, and for wgmma_tn
     (``BLOCK_H`` 16 or 32) q first (wgmma_ws's consumer 0 loads its q: :func:`_load_q_first`,
     so the first tile's gather goes out without waiting behind q's copies). With
@@ -145,7 +146,8 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
     ``OWNERS=2`` (wgmma_tn's ``RAW_HALVES``: tile ``j`` is half ``j % 2`` of the consumer
     ``(j // 2) % 2``'s tile): a slot has a ready barrier per consumer, ``kv_ready[slot * 2 +
     consumer]``, so that a consumer never waits on a phase of the other's (a parity wait cannot
-    tell a use of a slot from the one after it)."""
+    tell a use of a slot from the one after it). ``IDX_EARLY`` (wgmma_tn): the split's indices
+    are asked of L2 first and each tile's are loaded two tiles ahead instead of one."""
     q_nope, q_rope, k_nope, k_rope, stat_m, stat_l, k_raw, k_scale, k_rope_bits, k_scale_rows = smem
     q_ready, kv_ready, kv_free, p_ready, l_ready, d_ready = bars
     idx_row_ptr = idx_ptr + row.to(gl.int64) * stride_ir
@@ -155,7 +157,11 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
                       BLOCK_H, D_NOPE, D_ROPE)
 
     # A tile's indices in the two layouts its gather takes (the next tile's load during this one).
+    if IDX_EARLY:  # the split's indices into L2, then each tile's loaded two tiles ahead
+        _prefetch_indices_l2(idx_row_ptr, start, end)
     idx_a, idx_b = _tile_indices(idx_row_ptr, start, end, BLOCK_N, KV_FP8, GATHER_N, GATHER_R)
+    if IDX_EARLY:
+        idx_a2, idx_b2 = _tile_indices(idx_row_ptr, start + BLOCK_N, end, BLOCK_N, KV_FP8, GATHER_N, GATHER_R)
     for j in range(0, n_tiles):
         slot = j % SLOTS
         # Slot free: its consumers are done with tile j - SLOTS (a fresh barrier passes phase 1).
@@ -170,8 +176,13 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
             _gather_tile(kv_ptr, stride_kv, pool, idx_a, idx_b, k_nope.index(slot), k_rope.index(slot),
                          D_NOPE, D_ROPE, GATHER_N, GATHER_R)
         _async_copy.mbarrier_arrive(kv_ready.index(slot * OWNERS + (j // 2) % OWNERS), increment_count=False)
-        n_next = start + (j + 1) * BLOCK_N
-        idx_a, idx_b = _tile_indices(idx_row_ptr, n_next, end, BLOCK_N, KV_FP8, GATHER_N, GATHER_R)
+        if IDX_EARLY:
+            idx_a, idx_b = idx_a2, idx_b2
+            n_next = start + (j + 2) * BLOCK_N
+            idx_a2, idx_b2 = _tile_indices(idx_row_ptr, n_next, end, BLOCK_N, KV_FP8, GATHER_N, GATHER_R)
+        else:
+            n_next = start + (j + 1) * BLOCK_N
+            idx_a, idx_b = _tile_indices(idx_row_ptr, n_next, end, BLOCK_N, KV_FP8, GATHER_N, GATHER_R)
     if CLUSTER:  # the two splits' merge, once both consumers have staged their halves
         mbarrier.wait(o_ready, 0)
         _producer_merge(q_nope, k_nope, stat_m, o_wts, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr, row, hb, split, H,

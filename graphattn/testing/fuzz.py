@@ -243,7 +243,8 @@ REGRESSION_SHAPES = (
     _regression(20, 2000, 2, 5000, empty_rows=1, kv_dtype=KV_FP8),
     # FP8 tokens through wgmma_tn's raw halves (more tiles a split, 16 heads): 7 of 16 heads in
     # splits of 5 tiles, the last part-filled, indices past the pool, an all-invalid row; one
-    # split of 5 tiles storing out/lse directly. And in place at 20 of 32 heads (2 splits of 5).
+    # split of 5 tiles storing out/lse directly. And in place at 20 of 32 heads (2 splits of 5),
+    # its producer loading the indices early (IDX_EARLY).
     _regression(7, 1100, 33, 5000, out_of_range=0.2, empty_rows=1, kv_dtype=KV_FP8),
     _regression(16, 320, 140, 5000, kv_dtype=KV_FP8),
     _regression(20, 640, 64, 5000, kv_dtype=KV_FP8),
