@@ -309,8 +309,8 @@ def test_racecheck_triage_knows_each_mbarrier_hand_off_and_fails_on_a_new_one(tm
 def test_racecheck_kernels_plan_each_gluon_kernel_on_sm90():
     """scripts/racecheck_kernels.py's cases plan, on an H200, the kernel each names, in one split
     and in several, with bf16 kv and FP8 tokens (wgmma_tn's through its ring, through its raw
-    halves and in place): so the racecheck run covers every Gluon kernel (and wgmma_rr's early
-    index loads)."""
+    halves and in place): so the racecheck run covers every Gluon kernel (and the early index
+    loads of wgmma_rr and of wgmma_tn's FP8 tokens in place)."""
     from graphattn.common.platform import DeviceFacts
     from graphattn.cuda.configs import gluon_available
     from graphattn.cuda.platform import CudaPlatform
@@ -319,19 +319,20 @@ def test_racecheck_kernels_plan_each_gluon_kernel_on_sm90():
         pytest.skip("this triton has no Gluon Hopper dialect: sm_90 plans no Gluon kernel")
     launches = _load("racecheck_kernels")
     h200 = CudaPlatform(DeviceFacts("nvidia", "H200", 132, capability=(9, 0)), device="cuda:0")
-    seen, early = set(), False
+    seen, early = set(), set()
     for case in launches.CASES:
         plan = launches.plan_of(case, h200)
         assert plan.kernel == case[0] and not plan.main.kwargs.get("CLUSTER"), (case, plan.main)
         seen.add((case[0], case[1], plan.splits > 1, bool(plan.main.kwargs.get("RING")),
                   bool(plan.main.kwargs.get("RAW_HALVES"))))
-        early = early or bool(plan.main.kwargs.get("IDX_EARLY"))
+        if plan.main.kwargs.get("IDX_EARLY"):
+            early.add((case[0], case[1]))
     want = {(k, fp8, split, False, False) for k in ("wgmma_rr", "wgmma_ws", "wgmma_tn") for fp8 in (False, True)
             for split in (False, True)} - {("wgmma_rr", True, split, False, False) for split in (False, True)}
     # FP8 runs no rr; tn's ring and raw halves (and in place at 32 heads)
     want |= {("wgmma_tn", True, split, ring, not ring) for split in (False, True) for ring in (False, True)}
     assert seen == want, sorted(seen ^ want)
-    assert early, "no case runs wgmma_rr with IDX_EARLY"
+    assert early == {("wgmma_rr", False), ("wgmma_tn", True)}, f"the cases with IDX_EARLY: {early}"
 
 
 def test_racecheck_triage_does_not_pass_an_access_without_a_source_line(tmp_path):
