@@ -5,7 +5,10 @@ own tokens, input copies cycled), eager launches, so ``ncu`` can profile one of 
 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats
 python scripts/ncu_flashmla.py 128x64x2048 [--kv-fp8] [--calls 8]`` (from the repository root with
 ``PYTHONPATH=.``). ncu's default cache control flushes the caches before each replay of the
-profiled kernel, so it reads the KV from HBM as the table's method does.
+profiled kernel, so it reads the KV from HBM as the table's method does. For where its shared
+memory conflicts and its warps stall, take the report with ``--section SourceCounters --section
+WarpStateStats --import-source yes -o REPORT`` and summarise ``ncu -i REPORT.ncu-rep --page source
+--csv --print-source sass`` with ``scripts/ncu_source.py``.
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The diagnostic scripts that docs/benchmarks.md cites and that patch kernel source: they must
 still apply to the kernels as committed (they run only on a GPU, so a CPU test keeps them honest).
 """
+import csv
 import importlib.util
 import json
 import os
@@ -365,3 +366,33 @@ def test_call_timeline_splits_the_profile_into_calls():
     assert tl.medians(calls) == {"split": 8.5, "combine": 2.5, "to_combine": 2.5, "span": 11.0, "to_next": 2.0}
     alone = tl.per_call([("_k", 0.0, 5.0), ("_k", 7.0, 12.0), ("_k", 13.0, 14.0)], "_k")
     assert [c["combine"] for c in alone] == [0.0, 0.0] and [c["to_next"] for c in alone] == [2.0, 1.0]
+
+
+def test_ncu_source_summary_finds_the_conflicted_and_the_stalled_instructions(tmp_path):
+    """scripts/ncu_source.py on a small source page in ncu's CSV form: totals, the instruction
+    with excessive shared wavefronts first, each stall after the instructions before it, and a
+    clear error for a CSV without the SourceCounters columns."""
+    ncu_source = _load("ncu_source")
+    header = ["Address", "Source", "Warp Stall Sampling (All Samples)", "L1 Wavefronts Shared",
+              "L1 Wavefronts Shared Ideal", "L1 Wavefronts Shared Excessive"]
+    rows = [["0x7f00", "      SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x38448], R12", "3", "0", "0", "0"],
+            ["0x7f10", "@!P0  BRA 0x7fe0", "1,431", "0", "0", "0"],
+            ["0x7f20", "      STS.64 [R3], R4", "7", "4,096", "1,024", "3,072"],
+            ["0x7f30", "      LDS.128 R8, [R5]", "0", "2,048", "2,048", "-"]]
+    path = tmp_path / "sass.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f, quoting=csv.QUOTE_ALL)
+        writer.writerow(["Kernel Name", "_flashmla_rr_kernel"])
+        writer.writerow(header)
+        writer.writerows(rows)
+    text = ncu_source.summary(ncu_source.read(str(path)), top=3, context=1)
+    lines = text.splitlines()
+    assert lines[:4] == ["L1 Wavefronts Shared: 6144", "L1 Wavefronts Shared Ideal: 3072",
+                         "L1 Wavefronts Shared Excessive: 3072", "Warp Stall Sampling (All Samples): 1441"], text
+    assert "STS.64 [R3], R4" in lines[5] and lines[5].split()[:3] == ["3072", "4096", "1024"], text
+    stall = lines.index(next(line for line in lines if "BRA 0x7fe0" in line))
+    assert lines[stall].split()[0] == "1431" and "TRYWAIT P0, [UR4+0x38448]" in lines[stall + 1], text
+    bad = tmp_path / "bad.csv"
+    bad.write_text('"Address","Source"\n"0x1","NOP"\n')
+    with pytest.raises(SystemExit, match="SourceCounters"):
+        ncu_source.read(str(bad))
