@@ -138,20 +138,17 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
                 # (wgmma_tn's 16- and 32-head tiles both, where its heads a program fit one wave)
                 if "LAUNCH_DEPENDENTS" in names and _combine_pdl(target):
                     variants.append(("bf16", {**kv, "LAUNCH_DEPENDENTS": 1}))
-                # FP8 tokens through raw slots of their own: the ring (few tiles a split) and the
-                # raw halves (more), each also stored directly and before a combine as a PDL
-                for constexpr, host_key in (("RING", "fp8_ring"), ("RAW_HALVES", "fp8_raw_halves")):
-                    if constexpr in names and kv and cfg.get(host_key):
-                        raw = {**kv, constexpr: cfg[host_key]}
-                        variants += [("bf16", raw), ("fp16", raw), ("bf16", {**raw, "DIRECT": True})]
+                # FP8 tokens through raw slots of their own (the ring for few tiles a split, the
+                # raw halves for more) or gathered in place with the indices off the producer's
+                # path: each also stored directly and before a combine as a PDL
+                fp8_paths = {"RING": cfg.get("fp8_ring"), "RAW_HALVES": cfg.get("fp8_raw_halves"),
+                             "IDX_EARLY": 1 if cfg.get("idx_early_min_heads") else 0}
+                for constexpr, value in fp8_paths.items():
+                    if constexpr in names and kv and value:
+                        fp8_path = {**kv, constexpr: value}
+                        variants += [("bf16", fp8_path), ("fp16", fp8_path), ("bf16", {**fp8_path, "DIRECT": True})]
                         if _combine_pdl(target):
-                            variants.append(("bf16", {**raw, "LAUNCH_DEPENDENTS": 1}))
-                # FP8 tokens gathered in place with the indices off the producer's path
-                if "IDX_EARLY" in names and kv and cfg.get("idx_early_min_heads"):
-                    early = {**kv, "IDX_EARLY": 1}
-                    variants += [("bf16", early), ("fp16", early), ("bf16", {**early, "DIRECT": True})]
-                    if _combine_pdl(target):
-                        variants.append(("bf16", {**early, "LAUNCH_DEPENDENTS": 1}))
+                            variants.append(("bf16", {**fp8_path, "LAUNCH_DEPENDENTS": 1}))
                 if "PARTIAL_16" in names and _partial_native(target) == 2:  # the combine of 16-bit partials
                     variants.append(("bf16", {"PARTIAL_16": 1}))  # with each setting (plain, PDL)
                     if i == 0:
