@@ -21,7 +21,7 @@ POOL = 4096
 WS_SPLITS = 64
 # (kernel, FP8 tokens, rows, heads, topk): each kernel in one split and in several on an H200;
 # wgmma_tn with FP8 tokens through its ring of raw slots (a few tiles a split), through its raw
-# halves (more tiles, 16 heads) and in place (32 heads);
+# tile (more tiles, 16 heads) and in place (32 heads);
 # wgmma_rr's producer loads the indices early (IDX_EARLY, > 64 heads) in 128 x 8 (8 splits) and 100 x 70 (one).
 CASES = [
     ("wgmma_rr", False, 150, 64, 256), ("wgmma_rr", False, 8, 128, 2048), ("wgmma_rr", False, 70, 100, 300),

@@ -37,8 +37,12 @@ _RING = "an FP8 ring slot: the producer's cp.async against the consumers' dequan
 _MERGE = "the consumers' staging for the producer's cluster merge (o_ready)"
 _WS_RUNTIME = "Triton's warp-specialisation code (the kernel's first line)"
 _MERGE_TN = "wgmma_tn's two consumers' outputs, maxima and sums, exchanged through their KV slots (l_ready)"
-_RAW = ("a raw slot of wgmma_tn's RAW_HALVES: the producer's cp.async against a consumer's loads into registers "
-        "(kv_ready, one per slot and consumer; kv_free)")
+_RAW = ("the raw slot of wgmma_tn's RAW_TILE: the producer's cp.async against a consumer's loads into registers "
+        "(kv_ready, one per consumer; kv_free)")
+_Q_PERMUTED = ("wgmma_tn's RAW_TILE: the producer's cp.async of q against the consumers' permutation of its "
+               "columns (q_ready)")
+_LOAD_Q_NOPE = ("_load_q", "_async_load(q_nope,q_base+h_n[:,None]*stride_qh+gl.arange(0,D_NOPE,"
+                           "layout=gl.SliceLayout(0,gather_n))[None,:],mask=(h_n<H)[:,None])")
 _GATHER_RAW = ("_gather_fp8", "_async_load(raw_dst,kv_ptr+rows_n[:,None]+cols_n[None,:],mask=valid_n[:,None])")
 _GATHER_SCALES = ("_gather_fp8", "_async_load(sc_slot,scales[None,:]+blocks[:,None],mask=valid_c[None,:])")
 KNOWN: dict[frozenset, str] = {
@@ -70,12 +74,14 @@ KNOWN: dict[frozenset, str] = {
                ("_consumer_t", "l1=stats.index(3-2*WG).load(col_s)")}): _MERGE_TN,
     frozenset({("_gather_fp8", "_async_load(kr_bits,rope[:,None]+cols_r[None,:],"
                                "mask=gl.convert_layout(valid_n,gl.SliceLayout(1,gather_r))[:,None])"),
-               ("_dequantise_halves", "rope=k_rope_bits.index(r).load(rl)")}): _RAW,
-    # each scale block's bytes and scales (block b starts at column b * FP8_BLOCK, scale row r * 4 + b)
-    **{frozenset({_GATHER_RAW, ("_dequantise_halves", f"x{b}=raw.slice({col},FP8_BLOCK,dim=1).load(conv)")}): _RAW
-       for b, col in enumerate(("0", "FP8_BLOCK", "2*FP8_BLOCK", "3*FP8_BLOCK"))},
-    **{frozenset({_GATHER_SCALES, ("_dequantise_halves", f"s{b}=k_scale_rows.index({sc}).load(sl)")}): _RAW
-       for b, sc in enumerate(("r*4", "r*4+1", "r*4+2", "r*4+3"))},
+               ("_scores_from_raw", "ra=k_rope_bits.index(0).load(a_layout).to(dtype)")}): _RAW,
+    # each scale block's bytes and scales (block b starts at column b * FP8_BLOCK, scale row b)
+    **{frozenset({_GATHER_RAW, ("_scores_from_raw", f"x{b}=raw.slice({col},FP8_BLOCK,dim=1).load(REGS_LOAD)")}):
+       _RAW for b, col in enumerate(("0", "FP8_BLOCK", "2*FP8_BLOCK", "3*FP8_BLOCK"))},
+    **{frozenset({_GATHER_SCALES, ("_scores_from_raw", f"c{b}=k_scale_rows.index({b}).load(sc_layout)")}): _RAW
+       for b in range(4)},
+    frozenset({_LOAD_Q_NOPE, ("_permute_q", "x=q_rows.load(ql)")}): _Q_PERMUTED,
+    frozenset({_LOAD_Q_NOPE, ("_permute_q", "q_rows.store(x)")}): _Q_PERMUTED,
 }
 _ACCESS = re.compile(r"(Read|Write) access at (\S+?)(?:\+0x[0-9a-f]+)? in (\S+?):(\d+)")
 

@@ -1,8 +1,8 @@
 """What limits wgmma_tn on FP8 tokens: timing-only variants that leave a stage out (results
 wrong by design). Usage, from the repository root on an sm_90 GPU:
 ``PYTHONPATH=. python scripts/tn_ablate.py VARIANT`` with VARIANT in full, nodeq (no
-dequantisation: the in-place kernel's consumers only wait for the bytes; the raw halves'
-(RAW_HALVES) store each byte as a 16-bit value, no arithmetic), nomma (no wgmma), nodeq_nomma,
+dequantisation: the in-place kernel's consumers only wait for the bytes; the raw tile's
+(RAW_TILE) take each byte as a 16-bit value, no arithmetic), nomma (no wgmma), nodeq_nomma,
 nogather (the producer copies nothing: the consumers read whatever the shared memory holds)."""
 import sys
 from triton.experimental import gluon
@@ -36,7 +36,10 @@ def _no_mma(a, b, acc, use_acc=True, is_async=False):
 
 @gluon.jit
 def _no_wait(num_outstanding=0, deps=None):
-    return deps[0]
+    if len(deps) == 1:
+        return deps[0]
+    else:
+        return deps
 
 
 def apply(variant):

@@ -46,7 +46,7 @@ BEFORE = [
 AFTER = [
     ("    if WG == 0:\n        _load_q_first(q_ptr, stride_qr, stride_qh, row, hb, H, q_nope, q_rope, q_ready, "
      "BLOCK_H, D_NOPE, D_ROPE)\n", "        _probe(ws_out_ptr, out_ptr, DIRECT, 21)\n"),
-    ("        _async_copy.mbarrier_arrive(kv_ready.index(slot * OWNERS + (j // 2) % OWNERS), increment_count=False)\n",
+    ("        _async_copy.mbarrier_arrive(kv_ready.index(slot * OWNERS + j % OWNERS), increment_count=False)\n",
      "        if j == 0:\n            _probe(ws_out_ptr, out_ptr, DIRECT, 22)\n"),
     ("        idx_a, idx_b = _tile_indices(idx_row_ptr, n_next, end, BLOCK_N, KV_FP8, GATHER_N, GATHER_R)\n",
      "    _probe(ws_out_ptr, out_ptr, DIRECT, 23)\n"),

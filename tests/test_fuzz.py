@@ -47,7 +47,7 @@ def test_regression_shapes_flashmla():
 def test_regression_shapes_reach_every_gluon_kernel_on_sm90():
     """On an H200 the regression shapes run each of flashmla's Gluon kernels, the two-split
     cluster merge, the partials in the accumulator's order (also for a partly-masked head block)
-    and wgmma_tn's FP8 ring, raw halves and early indices included (random draws seldom plan
+    and wgmma_tn's FP8 ring, raw tile and early indices included (random draws seldom plan
     them), so the GPU sweep checks them all."""
     from graphattn.common.platform import DeviceFacts
     from graphattn.cuda.configs import gluon_available

@@ -634,10 +634,10 @@ def test_wgmma_kernel_only_on_sm90(capability):
     (4, 16, 2048, True, "wgmma_tn", 3, 0),  # one tile a split
     (8, 16, 2048, True, "wgmma_tn", 3, 0),
     (16, 16, 2048, True, "wgmma_tn", 3, 0),  # four tiles a split: the most the ring takes
-    (32, 16, 2048, True, "wgmma_tn", 0, 2),  # eight: raw halves, each consumer its own tiles
-    (8, 16, 32768, True, "wgmma_tn", 0, 2),
-    (512, 16, 2048, True, "wgmma_tn", 0, 2),
-    (40, 7, 2077, True, "wgmma_tn", 0, 2),  # 7 of 16 heads, a partial last tile
+    (32, 16, 2048, True, "wgmma_tn", 0, 1),  # eight: the raw tile, scores from registers
+    (8, 16, 32768, True, "wgmma_tn", 0, 1),
+    (512, 16, 2048, True, "wgmma_tn", 0, 1),
+    (40, 7, 2077, True, "wgmma_tn", 0, 1),  # 7 of 16 heads, a partial last tile
     (150, 13, 250, True, "wgmma_tn", 3, 0),  # one split of four tiles (direct), 13 of 16 heads
     (1, 16, 2048, True, "wgmma_tn", 3, 0),  # below TN_MIN_ROWS: FP8 at few rows and a small top-k
     (3, 16, 2048, True, "wgmma_tn", 3, 0),
@@ -652,11 +652,11 @@ def test_wgmma_kernel_only_on_sm90(capability):
 def test_sm90_fp8_ring_where_a_split_has_few_tiles(monkeypatch, rows, heads, topk, kv_fp8, kernel, ring, raw):
     """With FP8 tokens at <= 32 heads, where a split has at most ``ring_max_tiles`` KV tiles,
     sm_90 plans ``wgmma_tn`` with its ring of raw slots (``RING``), also below ``TN_MIN_ROWS``
-    at few rows and a small top-k; with more tiles at 16 heads its raw halves (``RAW_HALVES``);
+    at few rows and a small top-k; with more tiles at 16 heads its raw tile (``RAW_TILE``);
     elsewhere it keeps the two in-place slots (or wgmma_ws)."""
     cuda_configs, plan, where = _h200_plan_running(monkeypatch, rows, heads, topk, kv_fp8, kernel)
     assert plan.main.kwargs.get("RING", 0) == ring, where
-    assert plan.main.kwargs.get("RAW_HALVES", 0) == raw, where
+    assert plan.main.kwargs.get("RAW_TILE", 0) == raw, where
     if ring:
         assert -(-plan.split_len // 64) <= cuda_configs.TN_FP8_RING_MAX_TILES, where
     if raw:
@@ -706,18 +706,18 @@ def test_sm90_rr_takes_its_index_loads_off_the_producers_path(monkeypatch, rows,
     (64, 32, 2048, True, 1),  # in place, in splits
     (64, 24, 8192, True, 1),  # a partly-masked 32-head block
     (8, 32, 2048, True, 0),  # few tiles a split: the ring
-    (512, 16, 2048, True, 0),  # 16 heads: the raw halves
+    (512, 16, 2048, True, 0),  # 16 heads: the raw tile
     (512, 32, 2048, False, 0),  # bf16 kv
     (64, 16, 2048, False, 0),
 ])
 def test_sm90_tn_takes_its_index_loads_off_the_producers_path_for_fp8_in_place(monkeypatch, rows, heads, topk,
                                                                                kv_fp8, early):
     """wgmma_tn's producer loads its indices early (``IDX_EARLY``) where FP8 tokens are gathered
-    in place at 32 heads, as measured on the H200; not with the FP8 ring or raw halves, nor with
+    in place at 32 heads, as measured on the H200; not with the FP8 ring or raw tile, nor with
     bf16 kv (both measured slower)."""
     _, plan, where = _h200_plan_running(monkeypatch, rows, heads, topk, kv_fp8, "wgmma_tn")
     assert plan.main.kwargs.get("IDX_EARLY", 0) == early, where
-    assert not (early and (plan.main.kwargs.get("RING") or plan.main.kwargs.get("RAW_HALVES"))), where
+    assert not (early and (plan.main.kwargs.get("RING") or plan.main.kwargs.get("RAW_TILE"))), where
 
 
 @pytest.mark.parametrize("rows,heads,kv_fp8,override,native", [

@@ -325,12 +325,12 @@ def test_racecheck_kernels_plan_each_gluon_kernel_on_sm90():
         plan = launches.plan_of(case, h200)
         assert plan.kernel == case[0] and not plan.main.kwargs.get("CLUSTER"), (case, plan.main)
         seen.add((case[0], case[1], plan.splits > 1, bool(plan.main.kwargs.get("RING")),
-                  bool(plan.main.kwargs.get("RAW_HALVES"))))
+                  bool(plan.main.kwargs.get("RAW_TILE"))))
         if plan.main.kwargs.get("IDX_EARLY"):
             early.add((case[0], case[1]))
     want = {(k, fp8, split, False, False) for k in ("wgmma_rr", "wgmma_ws", "wgmma_tn") for fp8 in (False, True)
             for split in (False, True)} - {("wgmma_rr", True, split, False, False) for split in (False, True)}
-    # FP8 runs no rr; tn's ring and raw halves (and in place at 32 heads)
+    # FP8 runs no rr; tn's ring and raw tile (and in place at 32 heads)
     want |= {("wgmma_tn", True, split, ring, not ring) for split in (False, True) for ring in (False, True)}
     assert seen == want, sorted(seen ^ want)
     assert early == {("wgmma_rr", False), ("wgmma_tn", True)}, f"the cases with IDX_EARLY: {early}"

@@ -142,37 +142,40 @@ WGMMA_SPLIT_COST_BLOCKS = 2  # wgmma_tn (q 18-36 KB, partial 32-64 KB) keeps it:
 # -> 33.42, 16 x 512 358.9 -> 412.6 (two ring slots: 414.7, so not the gather), 32 x 64 61.44
 # -> 70.26.
 TN_FP8_RING, TN_FP8_RING_MAX_TILES = {16: 3, 32: 2}, 4
-# With more tiles a split, at 16 heads, the gather fills a ring of TN_FP8_RAW_HALVES 32-token
-# raw slots (20.5 KB each) and each consumer dequantises its own tiles out of it into its own
-# bf16 tile (graphattn.kernels.wgmma_tn's RAW_HALVES; the host key fp8_raw_halves): the gathers
-# run ahead of both consumers' chains instead of waiting for a consumer to free its slot. A/B on
-# the H200 (us, FP8, in-place slots -> two raw slots -> three, docs/benchmarks.md): 16 x 512
-# 361.3 -> 331.0 / 352.0, 16 x 64 53.6 -> 48.9 / 49.5, 16 x 32 31.8 -> 29.5 / 29.6, 16 x 8 x
-# topk 32768 96.3 -> 86.2 / 87.4 (three fit only with P^T over the rope columns).
-TN_FP8_RAW_HALVES = {16: 2}
+# With more tiles a split, at 16 heads (TN_FP8_RAW_TILE), the gather fills a raw slot of its
+# own (41 KB) and each consumer loads its tiles from it into registers, frees it, computes the
+# scores from registers and stores its V into its own bf16 tile (graphattn.kernels.wgmma_tn's
+# RAW_TILE; the host key fp8_raw_tile): the gathers run ahead of both consumers' chains instead
+# of waiting for a consumer to free its slot, and the scores read no bf16 tile. It replaced two
+# 32-token raw slots dequantised into the bf16 tiles (RAW_HALVES, which had replaced in-place
+# slots: 16 x 512 361.3 -> 331.0, 16 x 64 53.6 -> 48.9, 16 x 8 x topk 32768 96.3 -> 86.2). A/B
+# on the H200 (us, FP8, twice alternated, halves -> raw tile, docs/benchmarks.md, twentieth
+# session): 16 x 512 318.0 -> 301.1, 16 x 64 45.6 -> 45.2, 16 x 8 x topk 32768 80.3 -> 79.3,
+# 16 x 64 x topk 8192 151.9 -> 147.7.
+TN_FP8_RAW_TILE = (16,)
 # Below TN_MIN_ROWS, FP8 tokens at up to SMALL_BATCH_ROWS rows and TN_FP8_FEW_ROWS_MAX_TOPK
 # top-k take wgmma_tn too: their splits are one or two tiles, so the ring runs. Against
 # wgmma_ws (us, FP8, A/B on the H200): 16 x 1 9.81 -> 8.72, 16 x 2 11.05 -> 9.60, 16 x 3 11.96
 # -> 10.60, 32 x 1 10.13 -> 10.05, 32 x 4 13.32 -> 13.25, 32 x 8 18.47 -> 17.17.
 TN_FP8_FEW_ROWS_MAX_TOPK = 2048
 
-# FP8 tokens gathered in place at 32 heads (neither ring nor raw halves: 32 x 64 rows and more)
+# FP8 tokens gathered in place at 32 heads (neither ring nor raw tile: 32 x 64 rows and more)
 # take their indices off the producer's path: the split's indices asked of L2 first, each tile's
 # loaded two tiles ahead (wgmma_tn's IDX_EARLY, through the host key idx_early_min_heads; 17
 # heads and up run the 32-head block). A/B on the H200 (us, twice alternated, docs/benchmarks.md,
 # nineteenth session): FP8 32 x 512 397.8 -> 382.7, 32 x 64 57.7 -> 57.6; slower at 16 heads'
-# raw halves (16 x 512 318.4 -> 322.0, 16 x 64 45.3 -> 46.3, 16 x 8 x topk 32768 80.4 -> 82.8)
-# and with bf16 kv (16 x 64 45.0 -> 49.7, 32 x 64 49.6 -> 55.1, 16 x 512 298.0 -> 319.3; ptxas:
+# raw halves (since replaced by the raw tile; 16 x 512 318.4 -> 322.0, 16 x 64 45.3 -> 46.3,
+# 16 x 8 x topk 32768 80.4 -> 82.8) and with bf16 kv (16 x 64 45.0 -> 49.7, 32 x 64 49.6 -> 55.1, 16 x 512 298.0 -> 319.3; ptxas:
 # 48 B of spills at 16 heads, none without).
 TN_FP8_IDX_EARLY_MIN_HEADS = {32: 17}
 
 
 def _tn_fp8(tile: dict[str, Any]) -> dict[str, Any]:
     block = tile["BLOCK_H"]
-    halves = {"fp8_raw_halves": TN_FP8_RAW_HALVES[block]} if block in TN_FP8_RAW_HALVES else {}
+    raw = {"fp8_raw_tile": 1} if block in TN_FP8_RAW_TILE else {}
     early = {"idx_early_min_heads": TN_FP8_IDX_EARLY_MIN_HEADS[block]} if block in TN_FP8_IDX_EARLY_MIN_HEADS else {}
     return {**tile, "KV_FP8": 1, "fp8_ring": TN_FP8_RING[block], "ring_max_tiles": TN_FP8_RING_MAX_TILES,
-            **halves, **early}
+            **raw, **early}
 
 
 @functools.cache  # a process constant; find_spec searches the file system (~0.9 ms) every call

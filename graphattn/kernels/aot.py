@@ -74,7 +74,7 @@ def _configs(path: str, target: str, kv_fp8: bool = False) -> list[dict[str, Any
 # the config would be compiled as a runtime argument).
 _FIXED = {"D_NOPE": 512, "D_ROPE": 64, "DOT_F32": False, "DIRECT": False, "BLOCK_S": 32, "KV_FP8": 0,
           "PDL": 0, "HOLD_SMEM": 0, "RUNS": 1, "HEADS": 1, "LAUNCH_DEPENDENTS": 0, "CLUSTER": 0, "PARTIAL_NATIVE": 0,
-          "PARTIAL_16": 0, "RING": 0, "RAW_HALVES": 0, "IDX_EARLY": 0, **LOOP_DEFAULTS}
+          "PARTIAL_16": 0, "RING": 0, "RAW_TILE": 0, "IDX_EARLY": 0, **LOOP_DEFAULTS}
 
 
 def fp8_code(target: str) -> int:
@@ -139,9 +139,9 @@ def jobs(targets: list[str]) -> list[tuple[str, str, dict[str, Any], dict[str, A
                 if "LAUNCH_DEPENDENTS" in names and _combine_pdl(target):
                     variants.append(("bf16", {**kv, "LAUNCH_DEPENDENTS": 1}))
                 # FP8 tokens through raw slots of their own (the ring for few tiles a split, the
-                # raw halves for more) or gathered in place with the indices off the producer's
+                # raw tile for more) or gathered in place with the indices off the producer's
                 # path: each also stored directly and before a combine as a PDL
-                fp8_paths = {"RING": cfg.get("fp8_ring"), "RAW_HALVES": cfg.get("fp8_raw_halves"),
+                fp8_paths = {"RING": cfg.get("fp8_ring"), "RAW_TILE": cfg.get("fp8_raw_tile"),
                              "IDX_EARLY": 1 if cfg.get("idx_early_min_heads") else 0}
                 for constexpr, value in fp8_paths.items():
                     if constexpr in names and kv and value:

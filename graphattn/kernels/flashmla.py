@@ -157,7 +157,8 @@ NATIVE_HEADS = 16  # the rows of one warp of a wgmma accumulator
 RING_KERNELS = ("wgmma_tn",)
 # Kernels whose producer can take its index loads off its path (IDX_EARLY), where the launch
 # setting says ``idx_early_min_heads`` and a launch of that many heads is not a cluster merge and
-# gathers in place (wgmma_tn's FP8 ring and raw halves were measured slower with it).
+# gathers in place (wgmma_tn's FP8 ring and raw halves were measured slower with it; the raw tile
+# replaced the halves).
 IDX_EARLY_KERNELS = ("wgmma_rr", "wgmma_tn")
 NATIVE_COMBINE = ("wgmma_ws", "_flashmla_combine_native_kernel")  # Gluon, beside the store it reads
 
@@ -222,15 +223,15 @@ def _plan(platform: Platform, rows: int, heads: int, topk: int, ws_splits: int, 
         meta["KV_FP8"] = kv_fp8_constexpr(platform, kv_fp8)
     if cfg.get("fp8_ring") and name in RING_KERNELS and cdiv(split_len, meta["BLOCK_N"]) <= cfg["ring_max_tiles"]:
         meta["RING"] = cfg["fp8_ring"]
-    elif cfg.get("fp8_raw_halves") and name in RING_KERNELS:  # more tiles: each consumer its own bf16 tile
-        meta["RAW_HALVES"] = cfg["fp8_raw_halves"]
+    elif cfg.get("fp8_raw_tile") and name in RING_KERNELS:  # more tiles: scores from registers
+        meta["RAW_TILE"] = 1
     head_blocks = cdiv(heads, meta["BLOCK_H"])
     ctas = rows * splits * head_blocks
     if (splits == 2 and cfg.get("cluster_merge") and name in CLUSTER_MERGE_KERNELS
             and ctas >= cfg.get("cluster_min_fill", 0) * platform.num_compute_units()):
         meta["CLUSTER"] = 2  # the two splits merge in the kernel, as a cluster: no combine launch
     if (cfg.get("idx_early_min_heads") and name in IDX_EARLY_KERNELS and heads >= cfg["idx_early_min_heads"]
-            and not (meta.get("CLUSTER") or meta.get("RING") or meta.get("RAW_HALVES"))):
+            and not (meta.get("CLUSTER") or meta.get("RING") or meta.get("RAW_TILE"))):
         meta["IDX_EARLY"] = 1  # the producer's index loads off its path
     combine = None
     if splits > 1 and not meta.get("CLUSTER"):

@@ -25,7 +25,7 @@ from ..common.platform import KERNEL_PATHS, Platform, current_platform
 PATHS = KERNEL_PATHS
 # Host-side planning keys of a config: never passed to Triton.
 HOST_KEYS = ("max_splits", "min_split_blocks", "target_programs", "split_cost_blocks", "kernel", "cluster_merge",
-             "cluster_min_fill", "partial_native", "fp8_ring", "ring_max_tiles", "fp8_raw_halves",
+             "cluster_min_fill", "partial_native", "fp8_ring", "ring_max_tiles", "fp8_raw_tile",
              "idx_early_min_heads",
              "pdl_max_programs", "pdl_hold_smem", "native_runs", "combine_heads")
 # The smallest BLOCK_H any config may use (tl.dot needs M >= 16); counters are sized for it.

@@ -23,10 +23,12 @@ KV tiles by 16-byte ``cp.async`` into two slots) and FP8 dequantisation this ker
   (:func:`_consumer_ring`): half its dequantisation each, so a program's few tiles finish sooner;
   with many tiles the two slots' overlap (one consumer dequantising under the other's
   products) is faster.
-* **FP8 raw halves** (``RAW_HALVES``, 16 heads, where a split has more tiles): the producer
-  gathers 32-token halves into two raw slots of their own, and each consumer dequantises its own
-  tiles out of them into its own bf16 tile (:func:`_tn_raw_halves`), so the gathers no longer
-  wait for a consumer to free its slot (7-10% faster than dequantising in place).
+* **FP8 raw tile** (``RAW_TILE``, 16 heads, where a split has more tiles): the producer
+  gathers each tile into a raw slot of its own; the tile's consumer loads all of it into
+  registers and frees the slot at once, computes the scores with the A operand from registers
+  (dequantised there, q's nope columns permuted to the registers' order) and stores the values
+  into its own bf16 tile as V for ``V^T P^T`` (:func:`_tn_raw_tile`): the gathers do not wait for
+  a consumer's products, and the scores read no bf16 tile from shared memory.
 * **Early indices** (``IDX_EARLY``): the producer asks L2 for the split's indices at its start
   and loads each tile's two tiles ahead, so its gathers do not wait on them (launched for FP8
   tokens in place at 32 heads, where it was measured faster; graphattn.cuda.configs).
@@ -65,13 +67,11 @@ from .wgmma_ws import (
 
 @gluon.jit
 def _scores_t(q_nope, q_rope, k_nope, k_rope, kv_ready, t, q0, s_layout: gl.constexpr,
-              BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, WAIT: gl.constexpr = 1):
-    """Wait until tile ``t`` has landed (``WAIT``; else its consumer wrote it), then ``S^T = K
-    q^T`` for it (``[BLOCK_N, BLOCK_H]``)."""
+              BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Wait until tile ``t`` has landed, then ``S^T = K q^T`` for it (``[BLOCK_N, BLOCK_H]``)."""
     slot = t % 2
-    if WAIT:
-        mbarrier.wait(kv_ready.index(slot), (t // 2) & 1)
-        fence_async_shared()  # the gathered bytes (generic proxy) before wgmma reads them (async proxy)
+    mbarrier.wait(kv_ready.index(slot), (t // 2) & 1)
+    fence_async_shared()  # the gathered bytes (generic proxy) before wgmma reads them (async proxy)
     s = warpgroup_mma(k_nope.index(slot), q_nope.index(q0).permute((1, 0)),
                       gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout), use_acc=False, is_async=True)
     s = warpgroup_mma(k_rope.index(slot), q_rope.index(q0).permute((1, 0)), s, is_async=True)
@@ -83,11 +83,13 @@ def _consumer_t(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_
                 H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                 stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
                 BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-                DIRECT: gl.constexpr, KV_FP8: gl.constexpr, WG: gl.constexpr, RAW_HALVES: gl.constexpr = 0):
+                DIRECT: gl.constexpr, KV_FP8: gl.constexpr, WG: gl.constexpr, RAW_TILE: gl.constexpr = 0,
+                q_done=None):
     """Consumer warpgroup ``WG``: tiles ``t % 2 == WG`` (slot ``WG``), whole; then the two
     outputs merged, output columns ``[WG * 256, WG * 256 + 256)`` stored (and lse by consumer 0).
-    ``RAW_HALVES``: each tile's FP8 bytes come from the raw ring (:func:`_dequantise_halves`)
-    into slot ``WG``, which is this consumer's alone."""
+    ``RAW_TILE``: each tile's FP8 bytes come from the raw slot, its scores from registers
+    (:func:`_scores_from_raw`), its V into slot ``WG``, which is this consumer's alone; q's nope
+    columns are permuted first (``q_done``: both consumers' halves of the heads done)."""
     q_nope, q_rope, k_nope, k_rope, p_buf, stats, k_raw, k_scale, k_rope_bits, k_scale_rows = smem
     q_ready, kv_ready, kv_free, p_ready, l_ready, d_ready = bars
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -99,27 +101,34 @@ def _consumer_t(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_
     p_mine = p_buf.index(WG)
 
     mbarrier.wait(q_ready, 0)
+    if RAW_TILE:  # q's nope columns in the order of the scores' A registers (half the heads each)
+        _permute_q(q_nope.index(0).slice(WG * (BLOCK_H // 2), BLOCK_H // 2, dim=0))
+        fence_async_shared()  # q's stores (generic) before the wgmma reads them (async proxy)
+        _cta_barrier()
+        mbarrier.arrive(q_done)
+        mbarrier.wait(q_done, 0)
     m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=col_s)
     l_part = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout)  # summed over tokens at the end
     acc = gl.zeros([D_NOPE, BLOCK_H], gl.float32, layout=o_layout)
-    phases = gl.to_tensor(0)  # RAW_HALVES: the parities of my next waits on the raw slots, a bit each
     for t in range(WG, n_tiles, 2):
         idx_s = _load_indices(idx_row_ptr, start + t * BLOCK_N, end, BLOCK_N, tok_s)
-        if RAW_HALVES:
-            phases = _dequantise_halves(t, phases, kv_ready, kv_free, k_raw, k_scale_rows, k_rope_bits,
-                                        k_nope.index(WG), k_rope.index(WG), RAW_HALVES, WG)
-        elif KV_FP8:
-            _dequantise_tile(t, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope, BLOCK_N, D_NOPE, D_ROPE)
-        # q's descriptors from an index that is 0 but not known to be (see wgmma_ws._issue_scores).
-        s = _scores_t(q_nope, q_rope, k_nope, k_rope, kv_ready, t, (t + n_tiles < 0).to(gl.int32), s_layout,
-                      BLOCK_H, BLOCK_N, RAW_HALVES == 0)
+        if RAW_TILE:
+            s = _scores_from_raw(t, kv_ready, kv_free, k_raw, k_scale_rows, k_rope_bits, q_nope, q_rope,
+                                 k_nope.index(WG), (t + n_tiles < 0).to(gl.int32), s_layout, WG)
+        else:
+            if KV_FP8:
+                _dequantise_tile(t, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope, BLOCK_N, D_NOPE,
+                                 D_ROPE)
+            # q's descriptors from an index that is 0 but not known to be (see wgmma_ws._issue_scores).
+            s = _scores_t(q_nope, q_rope, k_nope, k_rope, kv_ready, t, (t + n_tiles < 0).to(gl.int32), s_layout,
+                          BLOCK_H, BLOCK_N)
         m, l_part, acc = _softmax_t(s, idx_s, pool, qk_scale, m, l_part, acc, p_mine)
         # V^T's 32 descriptors from a slot index that is WG but not known to be: hoisted out of
         # the loop they would hold 64 registers across it (and spill).
         v_slot = WG + (t + n_tiles < 0).to(gl.int32)
         acc = warpgroup_mma(k_nope.index(v_slot).permute((1, 0)), p_mine, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        if RAW_HALVES == 0:
+        if RAW_TILE == 0:
             mbarrier.arrive(kv_free.index(WG))
     l = gl.sum(l_part, axis=0)
 
@@ -237,49 +246,91 @@ def _consumer_ring(smem, bars, idx_ptr, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr
         _store_lse_t(lse, h, h_ok, row, split, H, lse_ptr, ws_lse_ptr, stride_lr, stride_ls, DIRECT)
 
 
+# RAW_TILE: one scale block of a tile's bytes ([64 tokens, 128 bytes] of the raw slot) loaded so
+# that a thread holds 32 consecutive bytes of each of its two tokens (16-byte loads and stores,
+# no bank conflicts in the 128-byte swizzle), and whose reshapes and permutes (_scores_operand)
+# are the wgmma A operand's layout exactly: its K column kappa = 16 c + 8 m' + 2 q + j (c: its 8
+# k-steps, q: lane % 4) is the byte 32 q + 4 c + 2 m' + j of the token (q's nope columns are
+# permuted the same way by _permute_q; the scores' sum does not depend on the order).
+REGS_LOAD = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], [8, 0]],
+    lane_bases=[[0, 32], [0, 64], [1, 0], [2, 0], [4, 0]],
+    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 128]))
+
+
 @gluon.jit
-def _dequantise_halves(t, phases, kv_ready, kv_free, k_raw, k_scale_rows, k_rope_bits, kn, kr, RAW: gl.constexpr,
-                       WG: gl.constexpr):
-    """``RAW_HALVES``' consumer side: tile ``t``'s two halves (the split's 32-token halves ``2t``
-    and ``2t + 1``, in raw slots ``h % RAW``: FP8 bytes ``k_raw`` ``[RAW, 32, 512]``, scales
-    ``k_scale_rows`` ``[RAW * 4, 32]``, bf16 rope ``k_rope_bits`` ``[RAW, 32, 64]``), each read
-    into registers, its slot freed at once, then written into the consumer's own tile
-    (``kn`` ``[64, 512]``, ``kr`` ``[64, 64]`` in q's dtype) as :func:`_dequantised` values and the
-    rope converted. Ends with the fence and barrier the scores' wgmma needs. ``phases``: bit
-    ``r`` the parity of this consumer's next wait on slot ``r``'s ready barrier (its own:
-    ``kv_ready[r * 2 + WG]``); returns it updated."""
-    conv: gl.constexpr = DEQ_32
-    rl: gl.constexpr = gl.BlockedLayout(
-        size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0])
-    sl: gl.constexpr = gl.SliceLayout(1, conv)
-    HALF_N: gl.constexpr = k_raw.shape[1]
-    gl.static_assert(HALF_N == 32, "DEQ_32's rows")
-    for j in gl.static_range(2):
-        h = 2 * t + j
-        r = h % RAW
-        mbarrier.wait(kv_ready.index(r * 2 + WG), (phases >> r) & 1)
-        phases = phases ^ (1 << r)
-        raw = k_raw.index(r)
-        x0 = raw.slice(0, FP8_BLOCK, dim=1).load(conv)
-        x1 = raw.slice(FP8_BLOCK, FP8_BLOCK, dim=1).load(conv)
-        x2 = raw.slice(2 * FP8_BLOCK, FP8_BLOCK, dim=1).load(conv)
-        x3 = raw.slice(3 * FP8_BLOCK, FP8_BLOCK, dim=1).load(conv)
-        s0 = k_scale_rows.index(r * 4).load(sl)
-        s1 = k_scale_rows.index(r * 4 + 1).load(sl)
-        s2 = k_scale_rows.index(r * 4 + 2).load(sl)
-        s3 = k_scale_rows.index(r * 4 + 3).load(sl)
-        rope = k_rope_bits.index(r).load(rl)
-        _cta_barrier()  # every thread has read the slot: the gather may refill it
-        mbarrier.arrive(kv_free.index(r))
-        rows = kn.slice(j * HALF_N, HALF_N, dim=0)
-        rows.slice(0, FP8_BLOCK, dim=1).store(_dequantised(x0, s0, kn.dtype))
-        rows.slice(FP8_BLOCK, FP8_BLOCK, dim=1).store(_dequantised(x1, s1, kn.dtype))
-        rows.slice(2 * FP8_BLOCK, FP8_BLOCK, dim=1).store(_dequantised(x2, s2, kn.dtype))
-        rows.slice(3 * FP8_BLOCK, FP8_BLOCK, dim=1).store(_dequantised(x3, s3, kn.dtype))
-        kr.slice(j * HALF_N, HALF_N, dim=0).store(rope.to(kr.dtype))
-    fence_async_shared()  # the tile (generic stores) before wgmma reads it (async proxy)
-    _cta_barrier()  # ... every thread's stores, before this warpgroup's scores
-    return phases
+def _permute_q(q_rows):
+    """Rewrite q's nope rows ``q_rows`` (``[rows, 512]`` in shared memory) with each 128-value
+    block's columns in RAW_TILE's K order (column ``16 c + 8 m' + 2 q + j`` holds value ``32 q + 4 c
+    + 2 m' + j``; see :data:`REGS_LOAD`)."""
+    ROWS: gl.constexpr = q_rows.shape[0]
+    ql: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[1, 32],
+                                        warps_per_cta=[4, 1], order=[1, 0])
+    x = q_rows.load(ql)
+    x = gl.reshape(x, [ROWS, 4, 4, 8, 2, 2])  # [row, block, q, c, m', j]
+    x = gl.reshape(gl.permute(x, (0, 1, 3, 4, 2, 5)), [ROWS, 512])
+    _cta_barrier()  # every thread's loads before any store
+    q_rows.store(x)
+
+
+@gluon.jit
+def _scores_operand(x, scale, kn, b: gl.constexpr, a_layout: gl.constexpr):
+    """Scale block ``b`` of a tile: its bytes ``x`` (``[64, 128]`` uint8 in :data:`REGS_LOAD`)
+    times the tokens' scales ``scale`` (``[64]`` f32), rounded to ``kn``'s dtype (the cache
+    dequantised as :func:`~graphattn.kernels.wgmma_ws._dequantised` does it), stored into the
+    consumer's bf16 tile ``kn`` (``[64, 512]``: V for ``V^T P^T``) and returned as the scores' A
+    operand (``[64, 128]`` in ``a_layout``, columns in RAW_TILE's order)."""
+    v = _dequantised(x, scale, kn.dtype)
+    kn.slice(b * FP8_BLOCK, FP8_BLOCK, dim=1).store(v)
+    v = gl.reshape(v, [64, 4, 8, 2, 2])  # byte 32 q + 4 c + 2 m' + j
+    v = gl.reshape(gl.permute(v, (0, 2, 3, 1, 4)), [64, 128])  # column 16 c + 8 m' + 2 q + j
+    return gl.convert_layout(v, a_layout, assert_trivial=True)
+
+
+@gluon.jit
+def _scores_from_raw(t, kv_ready, kv_free, k_raw, k_scale_rows, k_rope_bits, q_nope, q_rope, kn, z,
+                     s_layout: gl.constexpr, WG: gl.constexpr):
+    """``RAW_TILE``: tile ``t``'s ``S^T = K q^T`` (``[64, BLOCK_H]`` f32) with every A operand from
+    registers. Waits for the tile in the raw slot (its consumer's ready barrier), loads all of it
+    (FP8 bytes, scales, the bf16 rope: rounded to fp16 for fp16 q) and frees the slot at once, so
+    the next gather does not wait for this tile's products; then per scale block dequantises
+    into the A registers and ``kn`` (V, for ``V^T P^T``: the caller's softmax fences and syncs
+    those stores) and issues its product, two blocks' products in flight under the next
+    block's conversion. ``z``: 0, not known to be (q's descriptors stay in the loop)."""
+    dtype: gl.constexpr = kn.dtype
+    BLOCK_H: gl.constexpr = q_nope.shape[1]
+    BLOCK_N: gl.constexpr = kn.shape[0]
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
+    sc_layout: gl.constexpr = gl.SliceLayout(1, REGS_LOAD)
+    mbarrier.wait(kv_ready.index(WG), (t // 2) & 1)  # the slot's barrier for my tiles
+    raw = k_raw.index(0)
+    qn = q_nope.index(z)
+    ra = k_rope_bits.index(0).load(a_layout).to(dtype)
+    x0 = raw.slice(0, FP8_BLOCK, dim=1).load(REGS_LOAD)
+    x1 = raw.slice(FP8_BLOCK, FP8_BLOCK, dim=1).load(REGS_LOAD)
+    x2 = raw.slice(2 * FP8_BLOCK, FP8_BLOCK, dim=1).load(REGS_LOAD)
+    x3 = raw.slice(3 * FP8_BLOCK, FP8_BLOCK, dim=1).load(REGS_LOAD)
+    c0 = k_scale_rows.index(0).load(sc_layout)
+    c1 = k_scale_rows.index(1).load(sc_layout)
+    c2 = k_scale_rows.index(2).load(sc_layout)
+    c3 = k_scale_rows.index(3).load(sc_layout)
+    _cta_barrier()  # every thread has read the slot: the gather may refill it
+    mbarrier.arrive(kv_free.index(0))
+    s = warpgroup_mma(ra, q_rope.index(z).permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout),
+                      use_acc=False, is_async=True)
+    a0 = _scores_operand(x0, c0, kn, 0, a_layout)
+    s = warpgroup_mma(a0, qn.slice(0, FP8_BLOCK, dim=1).permute((1, 0)), s, is_async=True)
+    a1 = _scores_operand(x1, c1, kn, 1, a_layout)
+    s = warpgroup_mma(a1, qn.slice(FP8_BLOCK, FP8_BLOCK, dim=1).permute((1, 0)), s, is_async=True)
+    # The operands stay live until a wait names them (their registers are read asynchronously).
+    ra, a0 = warpgroup_mma_wait(num_outstanding=1, deps=(ra, a0))
+    a2 = _scores_operand(x2, c2, kn, 2, a_layout)
+    s = warpgroup_mma(a2, qn.slice(2 * FP8_BLOCK, FP8_BLOCK, dim=1).permute((1, 0)), s, is_async=True)
+    a1 = warpgroup_mma_wait(num_outstanding=1, deps=(a1,))
+    a3 = _scores_operand(x3, c3, kn, 3, a_layout)
+    s = warpgroup_mma(a3, qn.slice(3 * FP8_BLOCK, FP8_BLOCK, dim=1).permute((1, 0)), s, is_async=True)
+    s, a2, a3 = warpgroup_mma_wait(num_outstanding=0, deps=(s, a2, a3))
+    return s
 
 
 @gluon.jit
@@ -348,15 +399,16 @@ def _flashmla_tn_kernel(
     stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     STAGES: gl.constexpr, DIRECT: gl.constexpr, KV_FP8: gl.constexpr = 0, LAUNCH_DEPENDENTS: gl.constexpr = 0,
-    RING: gl.constexpr = 0, RAW_HALVES: gl.constexpr = 0, IDX_EARLY: gl.constexpr = 0,
+    RING: gl.constexpr = 0, RAW_TILE: gl.constexpr = 0, IDX_EARLY: gl.constexpr = 0,
 ):
     """Arguments, grid and outputs as ``_flashmla_split_kernel`` (graphattn.kernels.flashmla)
     with ``BLOCK_H`` 16 or 32; launch with ``num_warps=4`` and ``maxnreg=168`` (12 warps run:
     producer, two consumers). ``KV_FP8=1``: 656-byte e4m3fn tokens (see wgmma_ws). ``RING=R``
     (FP8 only): the tokens' bytes land in a ring of ``R`` slots of their own, and both
-    consumers work on every tile in one bf16 tile (:func:`_consumer_ring`). ``RAW_HALVES=R``
-    (FP8, 16 heads): the tokens' bytes land in a ring of ``R`` 32-token raw slots, and each
-    consumer dequantises its own tiles out of it into its own bf16 tile (:func:`_tn_raw_halves`).
+    consumers work on every tile in one bf16 tile (:func:`_consumer_ring`). ``RAW_TILE=1``
+    (FP8, 16 heads): the tokens' bytes land in a raw slot of their own, out of which each
+    consumer takes its tiles' scores in registers and its V into its own bf16 tile
+    (:func:`_tn_raw_tile`).
     ``IDX_EARLY=1``: the producer asks L2 for the split's indices first and loads each tile's
     two tiles ahead (wgmma_ws's ``_producer``)."""
     gl.static_assert((BLOCK_H == 16) | (BLOCK_H == 32), "heads on the wgmma's N side: 16 or 32 per program")
@@ -366,18 +418,18 @@ def _flashmla_tn_kernel(
     gl.static_assert((KV_FP8 == 0) | (KV_FP8 == 1), "sm_90 FP8 tokens are e4m3fn")
     gl.static_assert((KV_FP8 == 0) | (D_NOPE == 4 * FP8_BLOCK), "four scale blocks of 128 values")
     gl.static_assert(RING == 0 or (KV_FP8 == 1 and RING >= 2), "the ring holds FP8 tokens' bytes")
-    gl.static_assert(RAW_HALVES == 0 or (KV_FP8 == 1 and RING == 0 and RAW_HALVES >= 2),
-                     "the raw ring holds FP8 tokens' bytes, instead of RING")
+    gl.static_assert(RAW_TILE == 0 or (KV_FP8 == 1 and RING == 0 and RAW_TILE == 1),
+                     "the raw slot holds FP8 tokens' bytes, instead of RING")
     dtype: gl.constexpr = q_ptr.dtype.element_ty
 
     if LAUNCH_DEPENDENTS:  # the combine (a programmatic dependent launch) may start its programs
         _launch_dependents()
     hb, split, row, start, end, n_tiles = _program_split(H, topk, split_len, num_splits, BLOCK_H, BLOCK_N)
-    if RAW_HALVES:  # FP8 tokens through a ring of half tiles, each consumer its own bf16 tile
-        _tn_raw_halves(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-                       H, pool, qk_scale, row, hb, split, start, end, n_tiles,
-                       stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                       stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, RAW_HALVES, IDX_EARLY)
+    if RAW_TILE:  # FP8 tokens through a raw slot, the scores from registers, each consumer its own V
+        _tn_raw_tile(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                     H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                     stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
+                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, IDX_EARLY)
     elif RING:  # FP8 tokens through a ring of their own
         _tn_ring(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                  H, pool, qk_scale, row, hb, split, start, end, n_tiles,
@@ -498,24 +550,21 @@ def _tn_ring(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
 
 
 @gluon.jit
-def _tn_raw_halves(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-                   H, pool, qk_scale, row, hb, split, start, end, n_tiles,
-                   stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-                   BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-                   DIRECT: gl.constexpr, RAW: gl.constexpr, IDX_EARLY: gl.constexpr = 0):
-    """``_flashmla_tn_kernel`` with ``RAW_HALVES=RAW`` (FP8 tokens, 16 heads): the producer
-    gathers the split's 32-token halves (bytes, scales and rope: 20.5 KB each) into a ring of
-    ``RAW`` raw slots, and consumer ``w`` takes its tiles (``t % 2 == w``) out of it into its own
-    bf16 tile (:func:`_consumer_t` with ``RAW_HALVES``, :func:`_dequantise_halves`), freeing each
-    half once it is in registers. The gathers then run ahead of both consumers' chains instead of
-    each waiting for its consumer's slot, and one consumer's dequantisation still overlaps the
-    other's products. Two raw slots: q 18 KiB + two bf16 tiles 144 KiB + two slots 41 KiB + P^T 4
-    KiB (212,864 B in all, of the 232,448 a block may have); a third fits only with P^T over the
-    rope columns, measured slower (docs/benchmarks.md)."""
-    gl.static_assert(BLOCK_H == 16, "q, two bf16 tiles and the raw slots fill the shared memory at 16 heads")
-    gl.static_assert(RAW == 2, "two raw slots (see above)")
+def _tn_raw_tile(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+                 H, pool, qk_scale, row, hb, split, start, end, n_tiles,
+                 stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
+                 BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
+                 DIRECT: gl.constexpr, IDX_EARLY: gl.constexpr = 0):
+    """``_flashmla_tn_kernel`` with ``RAW_TILE=1`` (FP8 tokens, 16 heads): the producer gathers
+    each tile (bytes, scales and rope: 41 KB) into one raw slot, with a ready barrier per
+    consumer (tile ``t`` is consumer ``t % 2``'s); the consumer loads the whole tile into
+    registers and frees the slot, then computes its scores from registers and stores its V into
+    its own bf16 tile (:func:`_consumer_t` with ``RAW_TILE``, :func:`_scores_from_raw`). So the
+    next gather waits only for the loads, not for any product, and one consumer's conversions
+    overlap the other's products. Shared memory: q 18 KiB + two bf16 V tiles 128 KiB + the raw
+    slot 41 KiB + P^T 4 KiB (no bf16 rope tiles: the rope's product reads the raw slot's)."""
+    gl.static_assert(BLOCK_H == 16, "q, two bf16 tiles and the raw slot fill the shared memory at 16 heads")
     dtype: gl.constexpr = q_ptr.dtype.element_ty
-    HALF_N: gl.constexpr = BLOCK_N // 2
     smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     raw_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     p_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * BLOCK_H, element_bitwidth=16, rank=2)
@@ -523,47 +572,47 @@ def _tn_raw_halves(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_
     stat_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     q_nope = gl.allocate_shared_memory(dtype, [1, BLOCK_H, D_NOPE], smem_layout)
     q_rope = gl.allocate_shared_memory(dtype, [1, BLOCK_H, D_ROPE], smem_layout)
-    k_nope = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_NOPE], smem_layout)  # one per consumer
-    k_rope = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_ROPE], smem_layout)
+    k_nope = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D_NOPE], smem_layout)  # one V tile per consumer
     p_buf = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_H], p_layout)
-    k_raw = gl.allocate_shared_memory(gl.uint8, [RAW, HALF_N, D_NOPE], raw_layout)
-    k_rope_bits = gl.allocate_shared_memory(gl.bfloat16, [RAW, HALF_N, D_ROPE], smem_layout)
-    k_scale = gl.allocate_shared_memory(gl.float32, [RAW, 4, HALF_N], gl.SwizzledSharedLayout(
+    k_raw = gl.allocate_shared_memory(gl.uint8, [1, BLOCK_N, D_NOPE], raw_layout)
+    k_rope_bits = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_N, D_ROPE], smem_layout)
+    k_scale = gl.allocate_shared_memory(gl.float32, [1, 4, BLOCK_N], gl.SwizzledSharedLayout(
         vec=1, per_phase=1, max_phase=1, order=[1, 0]))
     stats = gl.allocate_shared_memory(gl.float32, [4, BLOCK_H], stat_layout)  # (max, sum) per consumer
     if _NEW_REINTERPRET:
-        k_scale_rows = k_scale.reinterpret(gl.float32, [RAW * 4, HALF_N], rows_layout)
+        k_scale_rows = k_scale.reinterpret(gl.float32, [4, BLOCK_N], rows_layout)
     else:
-        k_scale_rows = k_scale._reinterpret(gl.float32, [RAW * 4, HALF_N], rows_layout)
+        k_scale_rows = k_scale._reinterpret(gl.float32, [4, BLOCK_N], rows_layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    kv_ready = gl.allocate_shared_memory(gl.int64, [RAW * 2, 1], mbarrier.MBarrierLayout())  # slot * 2 + consumer
-    kv_free = gl.allocate_shared_memory(gl.int64, [RAW, 1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # one per consumer
+    kv_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     l_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # q's columns permuted
     mbarrier.init(q_ready, count=128)  # one cp.async arrival per producer thread
-    for i in gl.static_range(RAW):
-        mbarrier.init(kv_ready.index(2 * i), count=128)
-        mbarrier.init(kv_ready.index(2 * i + 1), count=128)
-        mbarrier.init(kv_free.index(i), count=1)  # the half's one consumer
+    mbarrier.init(q_done, count=2)  # both consumers
+    mbarrier.init(kv_ready.index(0), count=128)
+    mbarrier.init(kv_ready.index(1), count=128)
+    mbarrier.init(kv_free.index(0), count=1)  # the tile's one consumer
     for i in gl.static_range(2):
         mbarrier.init(l_ready.index(i), count=1)
 
-    # The producer gathers halves: BLOCK_N 32 and twice the tiles, into RAW slots; its tuples
-    # have wgmma_ws's shape (the places it does not use hold stats and q_ready).
-    p_smem = (q_nope, q_rope, k_nope, k_rope, stats, stats, k_raw, k_scale, k_rope_bits, k_scale_rows)
-    smem = (q_nope, q_rope, k_nope, k_rope, p_buf, stats, k_raw, k_scale, k_rope_bits, k_scale_rows)
+    # The tuples have wgmma_ws's shape; the places a partition does not use hold stats (the
+    # producer's bf16 tiles, and the consumers' rope tiles: the raw slot's rope is read instead).
+    p_smem = (q_nope, q_rope, k_nope, stats, stats, stats, k_raw, k_scale, k_rope_bits, k_scale_rows)
+    smem = (q_nope, q_rope, k_nope, stats, p_buf, stats, k_raw, k_scale, k_rope_bits, k_scale_rows)
     bars = (q_ready, kv_ready, kv_free, l_ready, l_ready, l_ready)
     gl.warp_specialize([
         (_producer, (p_smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
-                     H, pool, qk_scale, row, hb, split, start, end, 2 * n_tiles,
+                     H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                      stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                     stride_ls, BLOCK_H, HALF_N, D_NOPE, D_ROPE, DIRECT, 1, 0, q_ready, stats, RAW, 2,
+                     stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 1, 0, q_ready, stats, 1, 2,
                      IDX_EARLY)),
         (_consumer_t, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                        H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                        stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                       stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 1, 0, RAW)),
+                       stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 1, 0, 1, q_done)),
         (_consumer_t, (smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
                        H, pool, qk_scale, row, hb, split, start, end, n_tiles,
                        stride_qr, stride_qh, stride_kv, stride_ir, stride_wr, stride_ws, stride_wh, stride_lr,
-                       stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 1, 1, RAW)),
+                       stride_ls, BLOCK_H, BLOCK_N, D_NOPE, D_ROPE, DIRECT, 1, 1, 1, q_done)),
     ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])

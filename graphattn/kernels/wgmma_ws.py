@@ -143,10 +143,10 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
     the slot's ``ready`` barrier; the consumers dequantise it in place before its scores.
     ``SLOTS``: the ring's slots (wgmma_tn's FP8 ring, ``RING``, gathers the bytes into a ring of
     their own, ``k_raw`` ``[SLOTS, BLOCK_N, 512]``, whose slots its consumers free once read).
-    ``OWNERS=2`` (wgmma_tn's ``RAW_HALVES``: tile ``j`` is half ``j % 2`` of the consumer
-    ``(j // 2) % 2``'s tile): a slot has a ready barrier per consumer, ``kv_ready[slot * 2 +
-    consumer]``, so that a consumer never waits on a phase of the other's (a parity wait cannot
-    tell a use of a slot from the one after it). ``IDX_EARLY`` (wgmma_tn): the split's indices
+    ``OWNERS=2`` (wgmma_tn's ``RAW_TILE``: one raw slot, tile ``j`` consumer ``j % 2``'s): a
+    slot has a ready barrier per consumer, ``kv_ready[slot * 2 + consumer]``, so that a consumer
+    never waits on a phase of the other's (a parity wait cannot tell a use of a slot from the one
+    after it). ``IDX_EARLY`` (wgmma_tn): the split's indices
     are asked of L2 first and each tile's are loaded two tiles ahead instead of one."""
     q_nope, q_rope, k_nope, k_rope, stat_m, stat_l, k_raw, k_scale, k_rope_bits, k_scale_rows = smem
     q_ready, kv_ready, kv_free, p_ready, l_ready, d_ready = bars
@@ -175,7 +175,7 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
         else:
             _gather_tile(kv_ptr, stride_kv, pool, idx_a, idx_b, k_nope.index(slot), k_rope.index(slot),
                          D_NOPE, D_ROPE, GATHER_N, GATHER_R)
-        _async_copy.mbarrier_arrive(kv_ready.index(slot * OWNERS + (j // 2) % OWNERS), increment_count=False)
+        _async_copy.mbarrier_arrive(kv_ready.index(slot * OWNERS + j % OWNERS), increment_count=False)
         if IDX_EARLY:
             idx_a, idx_b = idx_a2, idx_b2
             n_next = start + (j + 2) * BLOCK_N

@@ -241,7 +241,7 @@ REGRESSION_SHAPES = (
     _regression(13, 300, 5, 5000, out_of_range=0.2, kv_dtype=KV_FP8),
     _regression(16, 250, 150, 5000, empty_rows=1, kv_dtype=KV_FP8),
     _regression(20, 2000, 2, 5000, empty_rows=1, kv_dtype=KV_FP8),
-    # FP8 tokens through wgmma_tn's raw halves (more tiles a split, 16 heads): 7 of 16 heads in
+    # FP8 tokens through wgmma_tn's raw tile (more tiles a split, 16 heads): 7 of 16 heads in
     # splits of 5 tiles, the last part-filled, indices past the pool, an all-invalid row; one
     # split of 5 tiles storing out/lse directly. And in place at 20 of 32 heads (2 splits of 5),
     # its producer loading the indices early (IDX_EARLY).
@@ -347,7 +347,7 @@ def kernel_label(case: FuzzCase, q: torch.Tensor, kv: torch.Tensor, platform=Non
     """Which kernel a flashmla case runs (a Gluon kernel's key such as ``wgmma_rr``, with
     ``+cluster`` where its two splits merge in a thread-block cluster, ``+native`` where its
     partials go to the combine in the accumulator's order, ``+ring`` where FP8 tokens go
-    through a ring of raw slots, ``+raw`` where they go through wgmma_tn's raw halves and
+    through a ring of raw slots, ``+raw`` where they go through wgmma_tn's raw tile and
     ``+early`` where its producer loads the indices early, ``triton_kv_major``, ``triton``); the
     backend name for the others. ``platform``: whose launch table (default the current one)."""
     if case.backend != "flashmla":
@@ -360,7 +360,7 @@ def kernel_label(case: FuzzCase, q: torch.Tensor, kv: torch.Tensor, platform=Non
     return (plan.kernel + ("+cluster" if plan.main.cluster > 1 else "")
             + ("+native" if plan.main.kwargs.get("PARTIAL_NATIVE") else "")
             + ("+ring" if plan.main.kwargs.get("RING") else "")
-            + ("+raw" if plan.main.kwargs.get("RAW_HALVES") else "")
+            + ("+raw" if plan.main.kwargs.get("RAW_TILE") else "")
             + ("+early" if plan.main.kwargs.get("IDX_EARLY") else ""))
 
 
