@@ -39,10 +39,6 @@ _WS_RUNTIME = "Triton's warp-specialisation code (the kernel's first line)"
 _MERGE_TN = "wgmma_tn's two consumers' outputs, maxima and sums, exchanged through their KV slots (l_ready)"
 _RAW = ("the raw slot of wgmma_tn's RAW_TILE: the producer's cp.async against a consumer's loads into registers "
         "(kv_ready, one per consumer; kv_free)")
-_Q_PERMUTED = ("wgmma_tn's RAW_TILE: the producer's cp.async of q against the consumers' permutation of its "
-               "columns (q_ready)")
-_LOAD_Q_NOPE = ("_load_q", "_async_load(q_nope,q_base+h_n[:,None]*stride_qh+gl.arange(0,D_NOPE,"
-                           "layout=gl.SliceLayout(0,gather_n))[None,:],mask=(h_n<H)[:,None])")
 _GATHER_RAW = ("_gather_fp8", "_async_load(raw_dst,kv_ptr+rows_n[:,None]+cols_n[None,:],mask=valid_n[:,None])")
 _GATHER_SCALES = ("_gather_fp8", "_async_load(sc_slot,scales[None,:]+blocks[:,None],mask=valid_c[None,:])")
 KNOWN: dict[frozenset, str] = {
@@ -80,8 +76,6 @@ KNOWN: dict[frozenset, str] = {
        _RAW for b, col in enumerate(("0", "FP8_BLOCK", "2*FP8_BLOCK", "3*FP8_BLOCK"))},
     **{frozenset({_GATHER_SCALES, ("_scores_from_raw", f"c{b}=k_scale_rows.index({b}).load(sc_layout)")}): _RAW
        for b in range(4)},
-    frozenset({_LOAD_Q_NOPE, ("_permute_q", "x=q_rows.load(ql)")}): _Q_PERMUTED,
-    frozenset({_LOAD_Q_NOPE, ("_permute_q", "q_rows.store(x)")}): _Q_PERMUTED,
 }
 _ACCESS = re.compile(r"(Read|Write) access at (\S+?)(?:\+0x[0-9a-f]+)? in (\S+?):(\d+)")
 
