@@ -165,8 +165,8 @@ TN_FP8_FEW_ROWS_MAX_TOPK = 2048
 # heads and up run the 32-head block). A/B on the H200 (us, twice alternated, docs/benchmarks.md,
 # nineteenth session): FP8 32 x 512 397.8 -> 382.7, 32 x 64 57.7 -> 57.6; slower at 16 heads'
 # raw halves (since replaced by the raw tile; 16 x 512 318.4 -> 322.0, 16 x 64 45.3 -> 46.3,
-# 16 x 8 x topk 32768 80.4 -> 82.8) and with bf16 kv (16 x 64 45.0 -> 49.7, 32 x 64 49.6 -> 55.1, 16 x 512 298.0 -> 319.3; ptxas:
-# 48 B of spills at 16 heads, none without).
+# 16 x 8 x topk 32768 80.4 -> 82.8) and with bf16 kv (16 x 64 45.0 -> 49.7, 32 x 64 49.6 ->
+# 55.1, 16 x 512 298.0 -> 319.3; ptxas: 48 B of spills at 16 heads, none without).
 TN_FP8_IDX_EARLY_MIN_HEADS = {32: 17}
 
 
