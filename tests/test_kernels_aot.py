@@ -127,23 +127,29 @@ def _swizzled_chunk(row: int, col: int, element_bytes: int) -> int:
     return ((col * element_bytes) % 128 // 16) ^ (row % 8)
 
 
+def _layout_element(bases: dict, index: int) -> tuple[int, int]:
+    """The ``(row, col)`` that a DistributedLinearLayout (``bases``: its reg, lane and warp bases
+    over ``[rows, cols]``) gives the bits of ``index`` (register bits first, then lane, then warp)."""
+    row = col = 0
+    for i, (r, c) in enumerate(bases["reg"] + bases["lane"] + bases["warp"]):
+        if index >> i & 1:
+            row, col = row ^ r, col ^ c
+    return row, col
+
+
 def _lane_conflicts(bases: dict, element_bytes: int) -> int:
     """The worst n-way bank conflict of a 16-byte shared access (``16 / element_bytes`` values a
     lane, the register bases' first ones) by ``bases`` (a DistributedLinearLayout's reg, lane and
     warp bases over ``[rows, cols]``), which shared memory serves 8 lanes at a time."""
-    def element(reg, lane, warp):
-        row = col = 0
-        for bits, key in ((reg, "reg"), (lane, "lane"), (warp, "warp")):
-            for i, (r, c) in enumerate(bases[key]):
-                if bits >> i & 1:
-                    row, col = row ^ r, col ^ c
-        return row, col
+    reg_bits, lane_bits = len(bases["reg"]), len(bases["lane"])
     vec_bits = (16 // element_bytes).bit_length() - 1
     worst = 0
     for warp in range(1 << len(bases["warp"])):
-        for reg in range(0, 1 << len(bases["reg"]), 1 << vec_bits):
+        for reg in range(0, 1 << reg_bits, 1 << vec_bits):
             for first in range(0, 32, 8):
-                chunks = [_swizzled_chunk(*element(reg, lane, warp), element_bytes) for lane in range(first, first + 8)]
+                index = reg | warp << (reg_bits + lane_bits)
+                chunks = [_swizzled_chunk(*_layout_element(bases, index | lane << reg_bits), element_bytes)
+                          for lane in range(first, first + 8)]
                 worst = max(worst, max(chunks.count(c) for c in chunks))
     return worst
 
@@ -217,13 +223,7 @@ def test_fp8_dequantisation_layouts_do_not_conflict_in_shared_memory():
         rows, cols = bases["shape"]
         assert cols == 128 and rows in (32, 64), name
         n_bits = len(bases["reg"]) + len(bases["lane"]) + len(bases["warp"])
-        covered = set()
-        for index in range(1 << n_bits):
-            row = col = 0
-            for i, (r, c) in enumerate(bases["reg"] + bases["lane"] + bases["warp"]):
-                if index >> i & 1:
-                    row, col = row ^ r, col ^ c
-            covered.add((row, col))
+        covered = {_layout_element(bases, index) for index in range(1 << n_bits)}
         assert covered == {(r, c) for r in range(rows) for c in range(cols)}, f"{name} does not cover the block once"
         assert _lane_conflicts(bases, 1) == 1, f"{name}: its FP8 byte loads conflict"
         assert _lane_conflicts(bases, 2) == 1, f"{name}: its stores of dequantised values conflict"

@@ -310,7 +310,7 @@ def test_racecheck_triage_knows_each_mbarrier_hand_off_and_fails_on_a_new_one(tm
 def test_racecheck_kernels_plan_each_gluon_kernel_on_sm90():
     """scripts/racecheck_kernels.py's cases plan, on an H200, the kernel each names, in one split
     and in several, with bf16 kv and FP8 tokens (wgmma_tn's through its ring, through its raw
-    halves and in place): so the racecheck run covers every Gluon kernel (and the early index
+    tile and in place): so the racecheck run covers every Gluon kernel (and the early index
     loads of wgmma_rr and of wgmma_tn's FP8 tokens in place)."""
     from graphattn.common.platform import DeviceFacts
     from graphattn.cuda.configs import gluon_available

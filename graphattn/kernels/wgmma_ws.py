@@ -146,8 +146,8 @@ def _producer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
     ``OWNERS=2`` (wgmma_tn's ``RAW_TILE``: one raw slot, tile ``j`` consumer ``j % 2``'s): a
     slot has a ready barrier per consumer, ``kv_ready[slot * 2 + consumer]``, so that a consumer
     never waits on a phase of the other's (a parity wait cannot tell a use of a slot from the one
-    after it). ``IDX_EARLY`` (wgmma_tn): the split's indices
-    are asked of L2 first and each tile's are loaded two tiles ahead instead of one."""
+    after it). ``IDX_EARLY`` (wgmma_tn): the split's indices are asked of L2 first and each
+    tile's are loaded two tiles ahead instead of one."""
     q_nope, q_rope, k_nope, k_rope, stat_m, stat_l, k_raw, k_scale, k_rope_bits, k_scale_rows = smem
     q_ready, kv_ready, kv_free, p_ready, l_ready, d_ready = bars
     idx_row_ptr = idx_ptr + row.to(gl.int64) * stride_ir
