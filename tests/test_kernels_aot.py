@@ -137,20 +137,28 @@ def _layout_element(bases: dict, index: int) -> tuple[int, int]:
     return row, col
 
 
-def _lane_conflicts(bases: dict, element_bytes: int) -> int:
-    """The worst n-way bank conflict of a 16-byte shared access (``16 / element_bytes`` values a
-    lane, the register bases' first ones) by ``bases`` (a DistributedLinearLayout's reg, lane and
-    warp bases over ``[rows, cols]``), which shared memory serves 8 lanes at a time."""
+def _lane_conflicts(bases: dict, element_bytes: int, access_bytes: int = 16) -> int:
+    """The worst n-way bank conflict of an ``access_bytes`` shared access (``access_bytes /
+    element_bytes`` values a lane, the register bases' first ones) by ``bases`` (a
+    DistributedLinearLayout's reg, lane and warp bases over ``[rows, cols]``) to an NVMMA tile
+    with the 128-byte swizzle, which shared memory serves 128 bytes at a time (8 lanes of 16-byte
+    accesses, 16 of 8-byte ones): the most distinct 128-byte lines that one 4-byte bank serves."""
     reg_bits, lane_bits = len(bases["reg"]), len(bases["lane"])
-    vec_bits = (16 // element_bytes).bit_length() - 1
+    vec_bits = (access_bytes // element_bytes).bit_length() - 1
+    lanes = 128 // access_bytes
     worst = 0
     for warp in range(1 << len(bases["warp"])):
         for reg in range(0, 1 << reg_bits, 1 << vec_bits):
-            for first in range(0, 32, 8):
+            for first in range(0, 32, lanes):
                 index = reg | warp << (reg_bits + lane_bits)
-                chunks = [_swizzled_chunk(*_layout_element(bases, index | lane << reg_bits), element_bytes)
-                          for lane in range(first, first + 8)]
-                worst = max(worst, max(chunks.count(c) for c in chunks))
+                banks: dict[int, set] = {}
+                for lane in range(first, first + lanes):
+                    row, col = _layout_element(bases, index | lane << reg_bits)
+                    line = (row, col * element_bytes // 128)
+                    bank = _swizzled_chunk(row, col, element_bytes) * 4 + col * element_bytes % 16 // 4
+                    for b in range(bank, bank + access_bytes // 4):
+                        banks.setdefault(b, set()).add(line)
+                worst = max(worst, max(len(lines) for lines in banks.values()))
     return worst
 
 
@@ -227,3 +235,20 @@ def test_fp8_dequantisation_layouts_do_not_conflict_in_shared_memory():
         assert covered == {(r, c) for r in range(rows) for c in range(cols)}, f"{name} does not cover the block once"
         assert _lane_conflicts(bases, 1) == 1, f"{name}: its FP8 byte loads conflict"
         assert _lane_conflicts(bases, 2) == 1, f"{name}: its stores of dequantised values conflict"
+
+
+def test_raw_tile_register_loads_do_not_conflict_in_shared_memory():
+    """REGS_LOAD (wgmma_tn's raw tile: a scale block of a tile's FP8 bytes loaded into the
+    scores' A registers) covers a [64, 128] block once and reads it with 16-byte loads without
+    bank conflicts under the 128-byte swizzle; the model's 8-byte accesses see a layout whose 16
+    lanes read rows 0-15 of one column 2-way conflicted (rows r and r + 8 share a swizzled chunk)."""
+    code = ("import json; from graphattn.kernels import wgmma_tn as w; l = w.REGS_LOAD.value; "
+            "print(json.dumps(dict(reg=l.reg_bases, lane=l.lane_bases, warp=l.warp_bases, shape=l.shape)))")
+    bases = _gluon_json(code)
+    rows, cols = bases["shape"]
+    n_bits = len(bases["reg"]) + len(bases["lane"]) + len(bases["warp"])
+    assert {_layout_element(bases, i) for i in range(1 << n_bits)} == {(r, c) for r in range(rows) for c in range(cols)}
+    assert _lane_conflicts(bases, 1) == 1, "REGS_LOAD's FP8 byte loads conflict"
+    rows_down = dict(reg=[[0, 1], [0, 2], [0, 4]], lane=[[1, 0], [2, 0], [4, 0], [8, 0], [16, 0]],
+                     warp=[[32, 0], [0, 8]], shape=[64, 16])
+    assert _lane_conflicts(rows_down, 1, access_bytes=8) == 2
