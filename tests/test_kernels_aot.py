@@ -137,6 +137,12 @@ def _layout_element(bases: dict, index: int) -> tuple[int, int]:
     return row, col
 
 
+def _layout_elements(bases: dict) -> set[tuple[int, int]]:
+    """Every ``(row, col)`` that the layout ``bases`` gives some register, lane and warp."""
+    n_bits = len(bases["reg"]) + len(bases["lane"]) + len(bases["warp"])
+    return {_layout_element(bases, index) for index in range(1 << n_bits)}
+
+
 def _lane_conflicts(bases: dict, element_bytes: int, access_bytes: int = 16) -> int:
     """The worst n-way bank conflict of an ``access_bytes`` shared access (``access_bytes /
     element_bytes`` values a lane, the register bases' first ones) by ``bases`` (a
@@ -149,8 +155,8 @@ def _lane_conflicts(bases: dict, element_bytes: int, access_bytes: int = 16) -> 
     worst = 0
     for warp in range(1 << len(bases["warp"])):
         for reg in range(0, 1 << reg_bits, 1 << vec_bits):
+            index = reg | warp << (reg_bits + lane_bits)
             for first in range(0, 32, lanes):
-                index = reg | warp << (reg_bits + lane_bits)
                 banks: dict[int, set] = {}
                 for lane in range(first, first + lanes):
                     row, col = _layout_element(bases, index | lane << reg_bits)
@@ -230,9 +236,8 @@ def test_fp8_dequantisation_layouts_do_not_conflict_in_shared_memory():
     for name, bases in layouts.items():
         rows, cols = bases["shape"]
         assert cols == 128 and rows in (32, 64), name
-        n_bits = len(bases["reg"]) + len(bases["lane"]) + len(bases["warp"])
-        covered = {_layout_element(bases, index) for index in range(1 << n_bits)}
-        assert covered == {(r, c) for r in range(rows) for c in range(cols)}, f"{name} does not cover the block once"
+        assert _layout_elements(bases) == {(r, c) for r in range(rows) for c in range(cols)}, \
+            f"{name} does not cover the block once"
         assert _lane_conflicts(bases, 1) == 1, f"{name}: its FP8 byte loads conflict"
         assert _lane_conflicts(bases, 2) == 1, f"{name}: its stores of dequantised values conflict"
 
@@ -246,8 +251,7 @@ def test_raw_tile_register_loads_do_not_conflict_in_shared_memory():
             "print(json.dumps(dict(reg=l.reg_bases, lane=l.lane_bases, warp=l.warp_bases, shape=l.shape)))")
     bases = _gluon_json(code)
     rows, cols = bases["shape"]
-    n_bits = len(bases["reg"]) + len(bases["lane"]) + len(bases["warp"])
-    assert {_layout_element(bases, i) for i in range(1 << n_bits)} == {(r, c) for r in range(rows) for c in range(cols)}
+    assert _layout_elements(bases) == {(r, c) for r in range(rows) for c in range(cols)}
     assert _lane_conflicts(bases, 1) == 1, "REGS_LOAD's FP8 byte loads conflict"
     rows_down = dict(reg=[[0, 1], [0, 2], [0, 4]], lane=[[1, 0], [2, 0], [4, 0], [8, 0], [16, 0]],
                      warp=[[32, 0], [0, 8]], shape=[64, 16])
