@@ -3,7 +3,9 @@ wrong by design). Usage, from the repository root on an sm_90 GPU:
 ``PYTHONPATH=. python scripts/tn_ablate.py VARIANT`` with VARIANT in full, nodeq (no
 dequantisation: the in-place kernel's consumers only wait for the bytes; the raw tile's
 (RAW_TILE) take each byte as a 16-bit value, no arithmetic), nomma (no wgmma), nodeq_nomma,
-nogather (the producer copies nothing: the consumers read whatever the shared memory holds)."""
+nogather (the producer copies nothing: the consumers read whatever the shared memory holds),
+novst (the raw tile's consumers do not store V: ``V^T P^T`` reads whatever their bf16 tile
+holds); variants combine (``nogather_novst``)."""
 import sys
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -42,12 +44,22 @@ def _no_wait(num_outstanding=0, deps=None):
         return deps
 
 
+@gluon.jit
+def _operand_no_store(x, scale, kn, b: gl.constexpr, a_layout: gl.constexpr):
+    v = wgmma_tn._dequantised(x, scale, kn.dtype)
+    v = gl.reshape(v, [64, 4, 8, 2, 2])
+    v = gl.reshape(gl.permute(v, (0, 2, 3, 1, 4)), [64, 128])
+    return gl.convert_layout(v, a_layout, assert_trivial=True)
+
+
 def apply(variant):
     if "nodeq" in variant:
         wgmma_tn._dequantise_tile = _wait_only
         wgmma_tn._dequantised = _bytes_as_values
     if "nogather" in variant:
         wgmma_ws._gather_fp8 = _no_gather
+    if "novst" in variant:
+        wgmma_tn._scores_operand = _operand_no_store
     if "nomma" in variant:
         wgmma_tn.warpgroup_mma = _no_mma
         wgmma_tn.warpgroup_mma_wait = _no_wait
