@@ -256,3 +256,33 @@ def test_raw_tile_register_loads_do_not_conflict_in_shared_memory():
     rows_down = dict(reg=[[0, 1], [0, 2], [0, 4]], lane=[[1, 0], [2, 0], [4, 0], [8, 0], [16, 0]],
                      warp=[[32, 0], [0, 8]], shape=[64, 16])
     assert _lane_conflicts(rows_down, 1, access_bytes=8) == 2
+
+
+def test_raw_tile_v_stores_do_not_conflict_in_shared_memory():
+    """The raw tile's consumers store each scale block's dequantised values (REGS_LOAD's layout,
+    16-bit) into their V tile with the columns in V_TILE_ORDER: 16-byte stores without bank
+    conflicts, a block's columns covered once; in the value's own order they were 2-way
+    conflicted (lanes 0-3's columns 0 and 64 lie in two 128-byte lines at the same chunk),
+    which cost 3% at 16 heads × 512 rows (docs/benchmarks.md)."""
+    code = ("import json; from graphattn.kernels import wgmma_tn as w; l = w.REGS_LOAD.value; "
+            "print(json.dumps(dict(reg=l.reg_bases, lane=l.lane_bases, warp=l.warp_bases, shape=l.shape, "
+            "order=list(w.V_TILE_ORDER))))")
+    bases = _gluon_json(code)
+    order = bases.pop("order")
+    sizes = [2, 2, 2, 2, 8]  # the reshape of a block's 128 columns: bits 6, 5, 4, 3, 0-2
+    assert sorted(order) == list(range(6)) and order[0] == 0 and order[-1] == 5, "rows and bits 0-2 stay"
+
+    def stored(col):
+        digits, shift = [], 7
+        for size in sizes:
+            shift -= size.bit_length() - 1
+            digits.append(col >> shift & size - 1)
+        out = 0
+        for dim in order[1:]:
+            out = out << (sizes[dim - 1].bit_length() - 1) | digits[dim - 1]
+        return out
+
+    assert _lane_conflicts(bases, 2) == 2, "the model sees the values' own order conflict"
+    permuted = dict(bases, **{k: [[r, stored(c)] for r, c in bases[k]] for k in ("reg", "lane", "warp")})
+    assert _layout_elements(permuted) == {(r, c) for r in range(64) for c in range(128)}
+    assert _lane_conflicts(permuted, 2) == 1, "the V stores conflict"

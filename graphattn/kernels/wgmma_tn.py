@@ -88,8 +88,9 @@ def _consumer_t(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_
     """Consumer warpgroup ``WG``: tiles ``t % 2 == WG`` (slot ``WG``), whole; then the two
     outputs merged, output columns ``[WG * 256, WG * 256 + 256)`` stored (and lse by consumer 0).
     ``RAW_TILE``: each tile's FP8 bytes come from the raw slot, its scores from registers
-    (:func:`_scores_from_raw`), its V into slot ``WG``, which is this consumer's alone; q's nope
-    columns are permuted first (``q_done``: both consumers' halves of the heads done)."""
+    (:func:`_scores_from_raw`), its V into slot ``WG``, which is this consumer's alone (columns in
+    :data:`V_TILE_ORDER`: the stored output columns are mapped back); q's nope columns are
+    permuted first (``q_done``: both consumers' halves of the heads done)."""
     q_nope, q_rope, k_nope, k_rope, p_buf, stats, k_raw, k_scale, k_rope_bits, k_scale_rows = smem
     q_ready, kv_ready, kv_free, p_ready, l_ready, d_ready = bars
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -163,6 +164,8 @@ def _consumer_t(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_
                + _merge_view(k_nope, 1 - WG, D_NOPE, BLOCK_H).slice(WG * HALF + c, BLOCK_N, dim=0).load(s_layout)
                * w1[None, :])
         d = WG * HALF + c + gl.arange(0, BLOCK_N, layout=tok_s)
+        if RAW_TILE:  # the V tile's columns are in V_TILE_ORDER
+            d = _v_column(d)
         _store_out_t(out, h, h_ok, d, row, split, H, out_ptr, ws_out_ptr, stride_wr, stride_ws, stride_wh, D_NOPE, DIRECT)
     if WG == 0:
         _store_lse_t(lse, h, h_ok, row, split, H, lse_ptr, ws_lse_ptr, stride_lr, stride_ls, DIRECT)
@@ -247,11 +250,12 @@ def _consumer_ring(smem, bars, idx_ptr, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr
 
 
 # RAW_TILE: one scale block of a tile's bytes ([64 tokens, 128 bytes] of the raw slot) loaded so
-# that a thread holds 32 consecutive bytes of each of its two tokens (16-byte loads and stores,
-# no bank conflicts in the 128-byte swizzle), and whose reshapes and permutes (_scores_operand)
-# are the wgmma A operand's layout exactly: its K column kappa = 16 c + 8 m' + 2 q + j (c: its 8
-# k-steps, q: lane % 4) is the byte 32 q + 4 c + 2 m' + j of the token (q's nope columns are
-# permuted the same way by _permute_q; the scores' sum does not depend on the order).
+# that a thread holds 32 consecutive bytes of each of its two tokens (16-byte loads without bank
+# conflicts in the 128-byte swizzle; the values' stores see V_TILE_ORDER), and whose reshapes
+# and permutes (_scores_operand) are the wgmma A operand's layout exactly: its K column kappa =
+# 16 c + 8 m' + 2 q + j (c: its 8 k-steps, q: lane % 4) is the byte 32 q + 4 c + 2 m' + j of the
+# token (q's nope columns are permuted the same way by _permute_q; the scores' sum does not
+# depend on the order).
 REGS_LOAD = gl.constexpr(gl.DistributedLinearLayout(
     reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], [8, 0]],
     lane_bases=[[0, 32], [0, 64], [1, 0], [2, 0], [4, 0]],
@@ -273,15 +277,40 @@ def _permute_q(q_rows):
     q_rows.store(x)
 
 
+# RAW_TILE's V tile holds each scale block's 128 columns permuted: bits (6, 5, 4, 3, 0-2) of a
+# stored column are bits (4, 6, 5, 3, 0-2) of the value's column. The 8 lanes that shared memory
+# serves together (REGS_LOAD's lanes 0-7: two tokens, value columns 0, 32, 64, 96 of each) then
+# write 16-byte chunks 0, 2, 4, 6 of one token's 128-byte lines and 1, 3, 5, 7 of the other's
+# under the swizzle; in the values' own order columns 0 and 64 lie in two lines at the same chunk
+# (a 2-way bank conflict: the V stores at twice their ideal wavefronts, 3% at 16 x 512).
+V_TILE_ORDER = gl.constexpr((0, 3, 1, 2, 4, 5))  # the permute of [row, bit 6, bit 5, bit 4, bit 3, bits 0-2]
+
+
+@gluon.jit
+def _v_tile_order(v):
+    """A scale block's values ``v`` (``[64, 128]``) with its columns in the V tile's order
+    (:data:`V_TILE_ORDER`; :func:`_v_column` maps them back): a relabelling of registers."""
+    v = gl.reshape(v, [64, 2, 2, 2, 2, 8])
+    return gl.reshape(gl.permute(v, V_TILE_ORDER.value), [64, 128])
+
+
+@gluon.jit
+def _v_column(i):
+    """The value column (of V's 512) that column ``i`` of RAW_TILE's V tile holds (``i``: int32
+    tensor), so row ``i`` of ``O^T = V^T P^T`` is output column ``_v_column(i)``."""
+    return (i & ~127) | (i & 15) | ((i >> 2) & 16) | ((i << 1) & 96)
+
+
 @gluon.jit
 def _scores_operand(x, scale, kn, b: gl.constexpr, a_layout: gl.constexpr):
     """Scale block ``b`` of a tile: its bytes ``x`` (``[64, 128]`` uint8 in :data:`REGS_LOAD`)
     times the tokens' scales ``scale`` (``[64]`` f32), rounded to ``kn``'s dtype (the cache
     dequantised as :func:`~graphattn.kernels.wgmma_ws._dequantised` does it), stored into the
-    consumer's bf16 tile ``kn`` (``[64, 512]``: V for ``V^T P^T``) and returned as the scores' A
-    operand (``[64, 128]`` in ``a_layout``, columns in RAW_TILE's order)."""
+    consumer's bf16 tile ``kn`` (``[64, 512]``: V for ``V^T P^T``, columns in
+    :data:`V_TILE_ORDER`) and returned as the scores' A operand (``[64, 128]`` in ``a_layout``,
+    columns in RAW_TILE's order)."""
     v = _dequantised(x, scale, kn.dtype)
-    kn.slice(b * FP8_BLOCK, FP8_BLOCK, dim=1).store(v)
+    kn.slice(b * FP8_BLOCK, FP8_BLOCK, dim=1).store(_v_tile_order(v))
     v = gl.reshape(v, [64, 4, 8, 2, 2])  # byte 32 q + 4 c + 2 m' + j
     v = gl.reshape(gl.permute(v, (0, 2, 3, 1, 4)), [64, 128])  # column 16 c + 8 m' + 2 q + j
     return gl.convert_layout(v, a_layout, assert_trivial=True)
