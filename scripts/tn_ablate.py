@@ -46,10 +46,7 @@ def _no_wait(num_outstanding=0, deps=None):
 
 @gluon.jit
 def _operand_no_store(x, scale, kn, b: gl.constexpr, a_layout: gl.constexpr):
-    v = wgmma_tn._dequantised(x, scale, kn.dtype)
-    v = gl.reshape(v, [64, 4, 8, 2, 2])
-    v = gl.reshape(gl.permute(v, (0, 2, 3, 1, 4)), [64, 128])
-    return gl.convert_layout(v, a_layout, assert_trivial=True)
+    return wgmma_tn._scores_a(wgmma_tn._dequantised(x, scale, kn.dtype), a_layout)
 
 
 def apply(variant):

@@ -311,6 +311,13 @@ def _scores_operand(x, scale, kn, b: gl.constexpr, a_layout: gl.constexpr):
     columns in RAW_TILE's order)."""
     v = _dequantised(x, scale, kn.dtype)
     kn.slice(b * FP8_BLOCK, FP8_BLOCK, dim=1).store(_v_tile_order(v))
+    return _scores_a(v, a_layout)
+
+
+@gluon.jit
+def _scores_a(v, a_layout: gl.constexpr):
+    """A scale block's values ``v`` (``[64, 128]`` in :data:`REGS_LOAD`) as the scores' A operand
+    (``[64, 128]`` in ``a_layout``, columns in RAW_TILE's order): no value moves between threads."""
     v = gl.reshape(v, [64, 4, 8, 2, 2])  # byte 32 q + 4 c + 2 m' + j
     v = gl.reshape(gl.permute(v, (0, 2, 3, 1, 4)), [64, 128])  # column 16 c + 8 m' + 2 q + j
     return gl.convert_layout(v, a_layout, assert_trivial=True)
