@@ -263,12 +263,14 @@ def test_raw_tile_v_stores_do_not_conflict_in_shared_memory():
     16-bit) into their V tile with the columns in V_TILE_ORDER: 16-byte stores without bank
     conflicts, a block's columns covered once; in the value's own order they were 2-way
     conflicted (lanes 0-3's columns 0 and 64 lie in two 128-byte lines at the same chunk),
-    which cost 3% at 16 heads × 512 rows (docs/benchmarks.md)."""
+    which cost 3% at 16 heads × 512 rows (docs/benchmarks.md). _v_column, which maps the output
+    rows back at the store, is the order's inverse."""
     code = ("import json; from graphattn.kernels import wgmma_tn as w; l = w.REGS_LOAD.value; "
             "print(json.dumps(dict(reg=l.reg_bases, lane=l.lane_bases, warp=l.warp_bases, shape=l.shape, "
-            "order=list(w.V_TILE_ORDER))))")
+            "order=list(w.V_TILE_ORDER), v_column=[w._v_column.fn(i) for i in range(512)])))")
     bases = _gluon_json(code)
     order = bases.pop("order")
+    v_column = bases.pop("v_column")  # _v_column's integer arithmetic, run on Python ints
     sizes = [2, 2, 2, 2, 8]  # the reshape of a block's 128 columns: bits 6, 5, 4, 3, 0-2
     assert sorted(order) == list(range(6)) and order[0] == 0 and order[-1] == 5, "rows and bits 0-2 stay"
 
@@ -286,3 +288,5 @@ def test_raw_tile_v_stores_do_not_conflict_in_shared_memory():
     permuted = dict(bases, **{k: [[r, stored(c)] for r, c in bases[k]] for k in ("reg", "lane", "warp")})
     assert _layout_elements(permuted) == {(r, c) for r in range(64) for c in range(128)}
     assert _lane_conflicts(permuted, 2) == 1, "the V stores conflict"
+    assert all(v_column[128 * block + stored(c)] == 128 * block + c for block in range(4) for c in range(128)), \
+        "_v_column does not map the V tile's columns back"
