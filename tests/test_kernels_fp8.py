@@ -91,6 +91,24 @@ def test_fp8_all_invalid_rows_and_duplicates(path):
     check_fp8(path, q, kv8, idx, 0.1, out, lse, counter, fmt)
 
 
+@pytest.mark.filterwarnings("ignore:All-NaN slice")  # the interpreter's max over a NaN row
+@pytest.mark.parametrize("path", PATHS)
+def test_fp8_nan_code_in_a_selected_token_reaches_the_output(fp8, path):
+    """A selected token holding the format's NaN code (e4m3fn 0x7F/0xFF, e4m3fnuz 0x80) makes
+    its rows NaN, as the reference's; the rows that do not select it stay finite and right."""
+    q, kv8, idx = fp8_inputs(3, 4, 24, 64, torch.float16, fp8)
+    idx[1] = torch.where(idx[1] == 5, 6, idx[1])  # row 1 never selects token 5
+    idx[0, 3] = idx[2, 7] = 5
+    kv8[5] = kv_layout.quantize_kv(torch.randn(1, 576, device=kv8.device), fp8)[0]
+    kv8[5, 100] = 0x80 if fp8 == torch.float8_e4m3fnuz else 0x7F
+    out, lse, counter = run_path(path, q, kv8, idx, 0.1)
+    ref_out, ref_lse = sparse_mla_reference(q, kv8, idx, 0.1, fp8_dtype=fp8)
+    where = f"[{path} fp8 {fp8}]"
+    assert ref_lse[[0, 2]].isnan().all() and not ref_lse[1].isnan().any(), where  # the test's premise
+    assert lse[[0, 2]].isnan().all() and out[[0, 2]].isnan().all(), f"{where} NaN token read as a number"
+    check_fp8(path, q[1:2], kv8, idx[1:2], 0.1, out[1:2], lse[1:2], None, fp8)
+
+
 def test_fp8_tokens_need_the_656_byte_layout():
     from graphattn.kernels import sparse_mla_mega
 

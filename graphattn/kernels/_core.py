@@ -84,6 +84,13 @@ def _load_fp8(kv_row, valid, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE
         x = raw.to(tl.float8e4b8, bitcast=True).to(tl.float32)  # e4m3fnuz (gfx942)
     else:
         x = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)  # e4m3fn
+    if DOT_F32:
+        # The interpreter (triton 3.9) decodes the NaN bytes as numbers (e4m3fn's 0x7F/0xFF as
+        # +-480, e4m3fnuz's 0x80 as -0); a GPU's conversion gives NaN, as the format says.
+        if KV_FP8 == 2:
+            x = tl.where(raw == 0x80, float("nan"), x)
+        else:
+            x = tl.where((raw & 0x7F) == 0x7F, float("nan"), x)
     scale_ptr = (kv_row + FP8_SCALE_OFFSET).to(tl.pointer_type(tl.float32))
     scale = tl.load(scale_ptr[:, None] + offs_b[None, :], mask=valid[:, None], other=0.0)  # [BLOCK_N, 4]
     k_nope = tl.reshape(_as_operand(x * scale[:, :, None], DOT_F32, Q_DTYPE), (BLOCK_N, D_NOPE))
