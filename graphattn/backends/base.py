@@ -121,14 +121,7 @@ class AttentionBackend(BackendChecks):
                 (``[pool, 656]`` uint8 FP8 tokens, :mod:`graphattn.common.kv_layout`).
         """
         who = f"attention backend '{self.name}'"
-        for arg, value in (("num_heads", num_heads), ("topk", topk)):
-            if not is_int(value):
-                raise TypeError(f"{who}: {arg} must be an int, got {value!r} ({type(value).__name__})")
-        if not isinstance(dtype, torch.dtype):
-            raise TypeError(f"{who}: dtype must be a torch.dtype (e.g. torch.bfloat16), got {dtype!r}")
-        if platform is not None and not isinstance(platform, Platform):
-            raise TypeError(f"{who}: platform must be a graphattn Platform or None, got {platform!r}; "
-                            "use graphattn.common.current_platform() or leave it out")
+        _check_config_types(who, num_heads, dtype, topk, platform)
         sm_scale = D_QK**-0.5 if sm_scale is None else check_sm_scale(who, sm_scale)
         self.platform = platform or current_platform()
         kv_dtype = kv_dtype_name(kv_dtype)
@@ -159,6 +152,7 @@ class AttentionBackend(BackendChecks):
         Reads only class data and the platform, so it is cheap and allocates nothing.
         ``kv_dtype``: the KV-cache layout (``"auto"`` or ``"fp8"``).
         """
+        _check_config_types(f"attention backend '{cls.name}'", num_heads, dtype, topk, platform)
         platform = platform or current_platform()
         reasons = []
         if platform.name not in cls.platforms:
@@ -276,16 +270,19 @@ class AttentionBackend(BackendChecks):
             CaptureCapacityError: more rows than reserved, during a capture.
         """
         self.check_plan(metadata, indices, pad_to)
-        metadata.refresh_(indices, pad_to=pad_to)
         if check_indices is None:
             check_indices = check_indices_default()
-        if check_indices:
+        if check_indices:  # before the write, and no forward runs on an earlier plan after it
             who = f"{self.name}.plan"
-            if pool_tokens is None:
-                check_index_range(who, indices, None)
-                metadata.require_index_check()
-            else:
-                check_index_range(who, indices, check_int(who, "pool_tokens", pool_tokens, 1))
+            pool = None if pool_tokens is None else check_int(who, "pool_tokens", pool_tokens, 1)
+            try:
+                check_index_range(who, indices, pool)
+            except IndexError as exc:
+                metadata.refuse_plan(str(exc).split(". ")[0])
+                raise
+        metadata.refresh_(indices, pad_to=pad_to)
+        if check_indices and pool_tokens is None:
+            metadata.require_index_check()  # the pool is known at the next eager forward
 
     def forward(
         self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata,
@@ -336,6 +333,19 @@ class AttentionBackend(BackendChecks):
             f"topk={self.topk}, dtype={self.dtype}, kv_dtype={self.kv_dtype!r}, "
             f"platform={self.platform.name})"
         )
+
+
+def _check_config_types(who: str, num_heads: Any, dtype: Any, topk: Any, platform: Any) -> None:
+    """Raise ``TypeError`` unless the configuration's arguments have their types (their values
+    are the refusal reasons' business)."""
+    for arg, value in (("num_heads", num_heads), ("topk", topk)):
+        if not is_int(value):
+            raise TypeError(f"{who}: {arg} must be an int, got {value!r} ({type(value).__name__})")
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{who}: dtype must be a torch.dtype (e.g. torch.bfloat16), got {dtype!r}")
+    if platform is not None and not isinstance(platform, Platform):
+        raise TypeError(f"{who}: platform must be a graphattn Platform or None, got {platform!r}; "
+                        "use graphattn.common.current_platform() or leave it out")
 
 
 def accepts_out(forward: Any) -> bool:

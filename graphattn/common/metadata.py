@@ -99,6 +99,7 @@ class GraphMetadata:
         self._capture_rows = 0  # rows a runner's capture may read unplanned (capture_rows)
         self._read_unplanned = False  # a capture read the table before any plan()
         self._pending_index_check = False  # plan(check_indices=True) without the pool size
+        self._refused: str | None = None  # why the last plan() refused its indices
         self._ws_views: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._q_heads: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # rows -> (q_pad rows, real heads)
         self._bound = EpochDict()  # key -> bound call
@@ -321,9 +322,19 @@ class GraphMetadata:
         self.num_planned_rows = rows
         self._planned = True
         self._pending_index_check = False
+        self._refused = None
         self.checked_rows = rows
 
     # -- planned rows: what forward and a runner's replay may read -------------------------
+    def refuse_plan(self, reason: str) -> None:
+        """Forget the last plan: ``plan()`` refused this step's indices (``reason``), so no
+        ``forward`` or replay may read rows until the next ``plan()`` succeeds (the table still
+        holds an earlier step's indices)."""
+        self._refused = reason
+        self.num_rows = self.num_planned_rows = self.checked_rows = 0
+        self._pending_index_check = False
+        self._oversized = None
+
     def require_index_check(self) -> None:
         """Check the planned indices against the pool at the next eager ``forward`` (which
         knows the pool size; ``plan(check_indices=True)`` calls this)."""
@@ -352,7 +363,9 @@ class GraphMetadata:
         raise ValueError(f"{who}: {self._unplanned_message(rows, 'q has')}")
 
     def _unplanned_message(self, rows: int, what: str) -> str:
-        if not self._planned:
+        if self._refused is not None:
+            done = f"the last plan() refused its indices ({self._refused})"
+        elif not self._planned:
             done = "plan() has not been called on this metadata"
         else:
             done = (f"the last plan() wrote {self.num_planned_rows} rows ({self.num_rows} live"
@@ -442,6 +455,7 @@ class GraphMetadata:
         self.num_planned_rows = rows
         self._planned = True
         self._pending_index_check = False
+        self._refused = None
         self.checked_rows = rows
 
     def __repr__(self) -> str:
