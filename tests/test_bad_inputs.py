@@ -272,6 +272,79 @@ def test_forward_out(name, bad):
 
 
 @pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("bad", ["out overlaps q", "lse overlaps out", "out overlaps kv", "lse overlaps q"])
+def test_forward_out_must_not_overlap_its_inputs_or_itself(name, bad):
+    """An out= pair sharing bytes with q, kv or each other would be written while the kernel
+    reads it (a silently wrong answer, or a corrupted cache): refused, naming both."""
+    backend, md = planned(name)
+    q_numel, o_numel = ROWS * HEADS * 576, ROWS * HEADS * 512
+    buf = torch.randn(q_numel + o_numel, dtype=DTYPE, device=DEVICE)
+    q, kv = buf[:q_numel].view(ROWS, HEADS, 576), kv_pool()
+    out = torch.empty(ROWS, HEADS, 512, dtype=DTYPE, device=DEVICE)
+    lse = torch.empty(ROWS, HEADS, dtype=torch.float32, device=DEVICE)
+    kvbuf = torch.randn(POOL * 576 + o_numel, dtype=DTYPE, device=DEVICE)
+    lse_bytes = ROWS * HEADS * 4 // 2  # lse's bytes in DTYPE elements
+    given, pair = {
+        "out overlaps q": ((buf[q_numel - 576:q_numel - 576 + o_numel].view(ROWS, HEADS, 512), lse), ("out", "q")),
+        "lse overlaps out": ((out, out.view(-1)[:lse_bytes].view(torch.float32).view(ROWS, HEADS)), ("out", "lse")),
+        "out overlaps kv": ((kvbuf[POOL * 576 - 8:POOL * 576 - 8 + o_numel].view(ROWS, HEADS, 512), lse), ("out", "kv")),
+        "lse overlaps q": ((out, buf[:lse_bytes].view(torch.float32).view(ROWS, HEADS)), ("lse", "q")),
+    }[bad]
+    if bad == "out overlaps kv":
+        kv = kvbuf[:POOL * 576].view(POOL, 576)
+    with expect(ValueError, "overlaps", *pair, who=name):
+        backend.forward(q, kv, md, out=given)
+    # Disjoint slices of one allocation are fine.
+    o_ok = buf[q_numel:].view(ROWS, HEADS, 512)
+    res = backend.forward(q, kv, md, out=(o_ok, lse))
+    assert res[0] is o_ok and torch.isfinite(lse).all(), f"backend '{name}': disjoint out= slices"
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_forward_refuses_tensors_that_need_a_gradient(name):
+    """The backends have no backward: a q, kv or out that needs a gradient while autograd
+    records is refused (it used to come back silently detached or fail in backward)."""
+    backend, md = planned(name)
+    q, kv = q_rows(ROWS).requires_grad_(), kv_pool()
+    with expect(ValueError, "requires_grad", "inference_mode", who=name):
+        backend.forward(q, kv, md)
+    with expect(ValueError, "requires_grad", who=name):
+        backend.forward(q.detach(), kv.requires_grad_(), md)
+    out = torch.empty(ROWS, HEADS, 512, dtype=DTYPE, device=DEVICE, requires_grad=True)
+    lse = torch.empty(ROWS, HEADS, dtype=torch.float32, device=DEVICE)
+    with expect(ValueError, "requires_grad", who=name):
+        backend.forward(q.detach(), kv.detach(), md, out=(out, lse))
+    with torch.no_grad():  # not recorded: fine
+        o, _ = backend.forward(q, kv, md)
+    assert not o.requires_grad, f"backend '{name}'"
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_a_refused_plan_leaves_nothing_for_forward(name):
+    """plan(check_indices=True) that raises must not leave its table (nor the previous step's)
+    for the next forward or replay: they refuse, naming the refusal."""
+    backend = make(name)
+    md = backend.make_metadata(4)
+    backend.plan(md, indices(2))
+    for bad, kw in ((_with(indices(2), 1, 5, -7), {}), (_with(indices(2), 0, 2, POOL), dict(pool_tokens=POOL))):
+        with expect(IndexError, "row", who=name):
+            backend.plan(md, bad, check_indices=True, **kw)
+        with expect(ValueError, "refused its indices", "plan(", who=name):
+            backend.forward(q_rows(2), kv_pool(), md)
+    backend.plan(md, indices(2), check_indices=True, pool_tokens=POOL)  # a good plan works again
+    out, _ = backend.forward(q_rows(2), kv_pool(), md)
+    assert out.shape == (2, HEADS, 512), f"backend '{name}'"
+
+
+def test_trtllm_op_refuses_a_non_zero_counter_under_the_debug_switch(monkeypatch):
+    args = _op_args("sparse_mla_trtllm")
+    args["counter"][1, 0] = 3
+    monkeypatch.setattr(validation, "_CHECK_INDICES", True)
+    with expect(ValueError, "counter[1, 0] is 3", "zero"):
+        torch.ops.graphattn.sparse_mla_trtllm(**args)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
 def test_zero_rows_are_a_valid_step(name):
     backend = make(name)
     md = backend.make_metadata(4)

@@ -13,6 +13,9 @@ import pytest
 import torch
 
 from graphattn.backends import get_backend_class, resolve_backend
+from graphattn.backends.registry import (available_backends, backend_names, register_backend,
+                                         unregister_backend)
+from graphattn.backends.registry import refusal_reasons as registry_refusal_reasons
 from graphattn.common import current_platform, reset_platform_cache
 from graphattn.common import validation
 from graphattn.graphs import BreakableGraph, GraphRunner, eager_on_graph
@@ -65,6 +68,19 @@ def test_runner_pads_the_plan_to_its_bucket(mode):
     runner.run(q=q_rows(2))
     assert md.num_planned_rows == 4, f"torch, {mode}"
     assert (md.indices.tensor[2:4] == -1).all(), f"torch, {mode}: padding rows hold another step's indices"
+
+
+@pytest.mark.parametrize("mode", ["full", "breakable"])
+def test_runner_refuses_to_replay_after_a_refused_plan(mode):
+    backend, md, runner = _runner("torch", mode)
+    backend.plan(md, indices(2))
+    runner.run(q=q_rows(2))
+    bad = indices(2)
+    bad[1, 3] = -9
+    with expect(IndexError, "row 1", "-9", who=f"torch, {mode}"):
+        backend.plan(md, bad, check_indices=True)
+    with expect(ValueError, "refused its indices", who=f"torch, {mode}"):
+        runner.run(q=q_rows(2))  # the table still holds the previous step's indices
 
 
 @pytest.mark.parametrize("mode", ["full", "breakable"])
@@ -138,6 +154,40 @@ def test_registry():
         resolve_backend("torch", HEADS, DTYPE, 0)
     with expect(ValueError, "Unknown attention backend: 'nope'"):
         resolve_backend("nope", HEADS, DTYPE, TOPK)
+
+
+@pytest.mark.parametrize("args,word", [
+    (dict(topk="64"), "topk"), (dict(topk=None), "topk"), (dict(num_heads=16.0), "num_heads"),
+    (dict(dtype="bfloat16"), "dtype"), (dict(platform="cpu"), "platform"),
+])
+@pytest.mark.parametrize("name", ["torch", "auto"])
+def test_registry_refuses_arguments_of_the_wrong_type(name, args, word):
+    call = dict(num_heads=HEADS, dtype=DTYPE, topk=TOPK) | args
+    with expect(TypeError, word, "must be", who=name):
+        resolve_backend(name, **call)
+    if name == "auto":
+        with expect(TypeError, word, "must be"):
+            available_backends(**call)
+
+
+def test_register_backend_refuses_what_is_no_backend():
+    for bad in (None, 5):
+        with expect(TypeError, "name", "str"):
+            register_backend(bad, "graphattn.backends.torch_ref:TorchBackend")
+    for bad in ("", "a:b", " spaced "):
+        with expect(ValueError, "name", repr(bad)):
+            register_backend(bad, "graphattn.backends.torch_ref:TorchBackend")
+    with expect(TypeError, "AttentionBackend", "dict"):
+        register_backend("zz_not_a_backend", dict)
+    assert "zz_not_a_backend" not in backend_names()
+    # A string is imported lazily: one naming a non-backend becomes a refusal reason, and the
+    # other backends stay listed.
+    register_backend("zz_json", "json:JSONDecoder")
+    try:
+        assert any("AttentionBackend" in r for r in registry_refusal_reasons("zz_json", HEADS, DTYPE, TOPK))
+        assert "torch" in available_backends(HEADS, DTYPE, TOPK)
+    finally:
+        unregister_backend("zz_json")
 
 
 # -- environment variables ------------------------------------------------------------------

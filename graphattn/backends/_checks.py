@@ -14,6 +14,15 @@ from ..common.metadata import D_QK, D_V, GraphMetadata
 from ..common.validation import check_int
 
 
+def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes ``[first, end)`` that ``t``'s elements reach (``(0, 0)`` without elements)."""
+    if t.numel() == 0:
+        return 0, 0
+    first = t.data_ptr()
+    reach = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))  # torch strides are >= 0
+    return first, first + (reach + 1) * t.element_size()
+
+
 class BackendChecks:
     """Checks of ``plan`` / ``forward`` arguments; needs the backend's ``name``, ``num_heads``,
     ``dtype``, ``kv_dtype``, ``uses_counter``, ``uses_workspace``, ``unit_stride_only``,
@@ -70,9 +79,10 @@ class BackendChecks:
                 f"(or on the host), or use that device's metadata"
             )
 
-    def check_out(self, q: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor]) -> None:
+    def check_out(self, q: torch.Tensor, kv: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor]) -> None:
         """Raise ``ValueError`` unless ``out`` is a contiguous ``(out [rows, num_heads, 512]``
-        in q's dtype, ``lse [rows, num_heads]`` float32) pair on q's device."""
+        in q's dtype, ``lse [rows, num_heads]`` float32) pair on q's device whose memory
+        overlaps neither the other, q nor kv, and that does not need a gradient."""
         rows = q.shape[0]
         try:
             o, lse = out
@@ -90,6 +100,35 @@ class BackendChecks:
                 f"{self.name}: out must be (out [{rows}, {self.num_heads}, {D_V}] {q.dtype}, "
                 f"lse [{rows}, {self.num_heads}] float32), contiguous, on {q.device}; got {got}"
             )
+        if q.requires_grad or kv.requires_grad or o.requires_grad or lse.requires_grad:
+            self._check_no_grad(q, kv, o, lse)
+        if torch.compiler.is_compiling():
+            return  # fake tensors have no addresses; the eager call checks them
+        so, sl = o.untyped_storage().data_ptr(), lse.untyped_storage().data_ptr()
+        sq, sk = q.untyped_storage().data_ptr(), kv.untyped_storage().data_ptr()
+        if so in (sl, sq, sk) or sl in (sq, sk):  # one allocation: compare the bytes they reach
+            self._check_overlap(o, lse, q, kv)
+
+    def _check_overlap(self, o: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> None:
+        names, spans = ("out", "lse", "q", "kv"), [_byte_span(t) for t in (o, lse, q, kv)]
+        for i, j in ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3)):
+            (a0, a1), (b0, b1) = spans[i], spans[j]
+            if a0 < b1 and b0 < a1:
+                raise ValueError(
+                    f"{self.name}: out= memory overlaps: {names[i]} (bytes {a0:#x}-{a1:#x}) and "
+                    f"{names[j]} ({b0:#x}-{b1:#x}) share storage, so the kernel would overwrite "
+                    f"what it reads or writes elsewhere; pass out and lse in buffers of their own"
+                )
+
+    def _check_no_grad(self, *tensors: torch.Tensor) -> None:
+        """Refuse tensors that need a gradient while autograd records: the backends are
+        inference-only (their kernels have no backward)."""
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            raise ValueError(
+                f"{self.name}: an input or output needs a gradient (requires_grad=True) and autograd "
+                "is on, but attention backends are inference-only (no backward); call forward "
+                "under torch.inference_mode() or torch.no_grad(), or pass detached tensors"
+            )
 
     def check_metadata(self, metadata: GraphMetadata) -> None:
         """Refuse metadata made for another configuration (cheap: Python attributes only)."""
@@ -105,9 +144,11 @@ class BackendChecks:
                 f"{got}, this backend needs {want}. Fix: use backend.make_metadata(max_rows)."
             )
         if self.uses_counter and metadata.counter is None:
-            raise ValueError(f"{self.name}: metadata has no multi-CTA counter; use make_metadata")
+            raise ValueError(f"{self.name}: metadata has no multi-CTA counter; make it with this "
+                             "backend's make_metadata(max_rows)")
         if self.uses_workspace and metadata.workspace_out is None:
-            raise ValueError(f"{self.name}: metadata has no split-KV workspace; use make_metadata")
+            raise ValueError(f"{self.name}: metadata has no split-KV workspace; make it with this "
+                             "backend's make_metadata(max_rows)")
 
     def check_call(self, q: torch.Tensor, kv: torch.Tensor, metadata: GraphMetadata) -> None:
         """Everything ``forward`` checks before it computes (Python attributes only, so it costs
@@ -123,6 +164,8 @@ class BackendChecks:
                 f"{self.name}: q and kv need a contiguous last dim (stride 1), got q strides "
                 f"{q.stride()}, kv strides {kv.stride()}; pass .contiguous()"
             )
+        if q.requires_grad or kv.requires_grad:
+            self._check_no_grad(q, kv)
         self.check_metadata(metadata)
         device = q.device  # the metadata's device is a plain attribute (its buffers' device)
         if kv.device != device or metadata.device != device:
@@ -160,12 +203,15 @@ class BackendChecks:
         if q.dim() != 3 or tuple(q.shape[1:]) != expected or q.dtype != self.dtype:
             raise ValueError(
                 f"{self.name}: expected q [rows, {expected[0]}, {expected[1]}] {self.dtype}, "
-                f"got {tuple(q.shape)} {q.dtype}"
+                f"got {tuple(q.shape)} {q.dtype}; pass q in that shape and dtype (q.to({self.dtype})), "
+                f"or make the backend for q's heads and dtype (num_heads=..., dtype=q.dtype)"
             )
         if kv.dim() != 2 or kv.shape[1] != width or kv.dtype != kv_dt:
             raise ValueError(
                 f"{self.name}: expected kv [pool, {width}] {kv_dt} (kv_dtype={self.kv_dtype}), got "
-                f"{tuple(kv.shape)} {kv.dtype}; the backend was made for kv_dtype={self.kv_dtype!r}"
+                f"{tuple(kv.shape)} {kv.dtype}; the backend was made for kv_dtype={self.kv_dtype!r}: "
+                f"pass that cache, or make the backend with the cache's layout (kv_dtype='fp8' for "
+                f"[pool, {TOKEN_BYTES}] uint8 tokens, 'auto' for [pool, {D_QK}] in q's dtype)"
             )
         raise ValueError(f"{self.name}: kv is an empty pool {tuple(kv.shape)}: expected at least "
                          "one token; pass the KV cache the indices point into")

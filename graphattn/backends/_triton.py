@@ -118,7 +118,7 @@ class TritonBackend(AttentionBackend):
         """
         self.check_call(q, kv, metadata)
         if out is not None:
-            self.check_out(q, out)
+            self.check_out(q, kv, out)
         index = q.get_device()
         if index >= 0 and not torch.compiler.is_compiling() and index != current_gpu_index():
             # Triton launches on the current device and its stream, and the bound call's
@@ -185,7 +185,7 @@ class TritonBackend(AttentionBackend):
             return None
         q, kv, metadata = values
         self.check_call(q, kv, metadata)  # what replays then skip: it cannot change
-        self.check_out(q, out)
+        self.check_out(q, kv, out)
         rows, index = q.shape[0], q.get_device()
         aligned = aligned_16(q, kv) if self._alignment else True
         forward, kept_call = self.forward, self._kept_call

@@ -73,16 +73,24 @@ def register_backend(name: str, backend: BackendSpec, override: bool = False) ->
     A string is imported only when the backend is first used.
 
     Raises:
-        ValueError: ``name`` is ``auto`` or already registered (pass ``override=True`` to replace).
+        ValueError: ``name`` is ``auto``, empty, holds ``:`` or surrounding spaces, or is already
+            registered (pass ``override=True`` to replace).
+        TypeError: ``name`` is not a str, or ``backend`` neither a backend class nor a string.
     """
+    if not isinstance(name, str):
+        raise TypeError(f"backend name must be a str, got {name!r} ({type(name).__name__})")
+    if not name.strip() or ":" in name or name != name.strip():
+        raise ValueError(f"backend name must be non-empty, without ':' (which marks an import path "
+                         f"'pkg.mod:Class') or surrounding spaces, got {name!r}")
     if name == AUTO:
         raise ValueError(f"'{AUTO}' is reserved for the automatic choice; pick another name")
     if name in _all_specs() and not override:
         raise ValueError(
             f"attention backend '{name}' is already registered; pass override=True to replace it"
         )
-    if not isinstance(backend, (str, type)):
-        raise TypeError(f"backend must be a class or a 'pkg.mod:Class' string, got {type(backend)}")
+    if not (isinstance(backend, str) or (isinstance(backend, type) and issubclass(backend, AttentionBackend))):
+        raise TypeError(f"backend must be a subclass of graphattn.backends.AttentionBackend or a "
+                        f"'pkg.mod:Class' string, got {backend!r}")
     _REGISTERED[name] = backend
 
 
@@ -163,6 +171,8 @@ def refusal_reasons(
         cls = get_backend_class(name)
     except (ImportError, AttributeError) as exc:
         return [f"cannot import: {type(exc).__name__}: {exc}"]
+    except TypeError as exc:  # registered, but not a backend class (a broken entry point)
+        return [str(exc)]
     return cls.refusal_reasons(num_heads, dtype, topk, platform, **kv_kwargs(kv_dtype))
 
 
@@ -179,9 +189,16 @@ def available_backends(
     ``dtype`` defaults to bfloat16 on a GPU and float16 on the CPU (the Triton interpreter's
     bf16 ``tl.dot`` is broken in triton 3.9).
     """
-    platform = platform or current_platform()
+    platform = _platform(platform, "available_backends")
     dtype = dtype or default_dtype(platform)
     return [n for n in backend_names() if not refusal_reasons(n, num_heads, dtype, topk, platform, kv_dtype)]
+
+
+def _platform(platform: Platform | None, who: str) -> Platform:
+    if platform is not None and not isinstance(platform, Platform):
+        raise TypeError(f"{who}: platform must be a graphattn Platform or None, got {platform!r}; "
+                        "use graphattn.common.current_platform() or leave it out")
+    return platform or current_platform()
 
 
 def default_dtype(platform: Platform | None = None) -> torch.dtype:
@@ -222,7 +239,7 @@ def resolve_backend(
     """
     if name is not None and not isinstance(name, str):
         raise TypeError(f"attention backend name must be a str or None (auto), got {name!r}")
-    platform = platform or current_platform()
+    platform = _platform(platform, "resolve_backend")
     name = (name or AUTO).strip()
     if name != AUTO:
         cls = get_backend_class(name)

@@ -85,7 +85,7 @@ class TorchBackend(AttentionBackend):
         """
         self.check_call(q, kv, metadata)
         if out is not None:
-            self.check_out(q, out)
+            self.check_out(q, kv, out)
         rows = q.shape[0]
         indices = metadata.indices_for(rows)  # [rows, topk] int32, -1 = skip
         step = self._chunk_rows(rows)

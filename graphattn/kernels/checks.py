@@ -120,3 +120,19 @@ def check_counter(path: str, q: torch.Tensor, counter: torch.Tensor, head_blocks
         raise ValueError(f"{path}: counter needs a contiguous last dim (stride 1); {fix}")
     check_devices(path, q, counter=counter)
 
+
+def check_counter_zero(path: str, counter: torch.Tensor, rows: int, head_blocks: int) -> None:
+    """Raise ``ValueError`` unless the ``[rows, head_blocks]`` counters a launch uses are all
+    zero (a debug check: it synchronises, so the op runs it only under
+    ``GRAPHATTN_CHECK_INDICES=1`` and outside captures). A non-zero counter makes the last-arriving
+    split combine too early, and the launch leaves it non-zero for every later call."""
+    used = counter[:rows, :head_blocks]
+    if bool(used.any()):
+        bad = used.nonzero()[0].tolist()
+        raise ValueError(
+            f"{path}: counter[{bad[0]}, {bad[1]}] is {int(used[bad[0], bad[1]])}, expected all zeros on "
+            "entry (a launch leaves them zero; one that was interrupted, or a buffer shared with "
+            "other code, does not). Fix: counter.zero_(), and give each launch its own "
+            "GraphMetadata.counter_for(rows)"
+        )
+

@@ -19,9 +19,11 @@ from typing import Any, Callable
 
 import torch
 
+from ..common.capture import is_capturing
 from ..common.kv_layout import is_fp8_kv
 from ..common.metadata import D_QK, D_V
 from ..common.platform import Platform, current_platform, device_scope
+from ..common.validation import check_indices_default
 from . import checks
 from ._core import LOG2E, _combine_splits, _split_program, _store_final, _store_partial
 from ._jit import jit, tl
@@ -152,6 +154,8 @@ def sparse_mla_trtllm(
         no valid index gives out 0 and lse −inf.
     """
     plan = _check(q, kv, indices, sm_scale, counter, ws_out, ws_lse)
+    if check_indices_default() and not is_capturing():  # the debug switch: it synchronises
+        checks.check_counter_zero(PATH, counter, q.shape[0], plan.head_blocks)
     with device_scope(q.device):  # Triton launches on the current device: make it q's
         return run_trtllm(plan, q, kv, indices, sm_scale, counter, ws_out, ws_lse)
 
