@@ -29,7 +29,7 @@ def test_bytes_of_one_token(fp8):
     fmax = torch.finfo(fp8).max  # 448 for e4m3fn, 240 for e4m3fnuz
     amax = kv[:, :512].float().reshape(2, 4, 128).abs().amax(-1)
     scale = tok[:, 512:528].contiguous().view(torch.float32)
-    expected = torch.where(amax > 0, amax / fmax, torch.ones_like(amax))
+    expected = torch.where(amax > 0, amax / fmax, torch.ones_like(amax))  # normal amaxes
     assert torch.equal(scale, expected), f"[{fp8}] scales {scale} != amax / {fmax}"
     assert scale[1, 1] == 1.0, "a zero tile gets scale 1"
     values = tok[:, :512].contiguous().view(fp8).float()
@@ -56,6 +56,28 @@ def test_round_trip_error_is_within_half_an_fp8_ulp(fp8, dtype):
     # The relative error over a tile, measured as docs/backends.md states it.
     rel = (err.norm(dim=1) / x[:, :512].norm(dim=1)).max().item()
     assert rel < 0.04, f"[{fp8} {dtype}] relative rms error {rel:.4f}"
+
+
+@pytest.mark.parametrize("fp8", FORMATS, ids=ids)
+def test_tiny_and_non_finite_tiles(fp8):
+    """fp32 tiles too small for a normal scale stay finite (amax / fmax used to underflow to a
+    0 scale, and 0 / 0 made their zeros NaN); a NaN or inf makes its whole tile NaN, and only
+    its tile."""
+    kv = torch.randn(3, 576)
+    kv[0, :128] = 0
+    kv[0, 0] = 1e-44  # a subnormal fp32 amax: amax / 448 underflows
+    kv[1, 130] = float("nan")
+    kv[2, 300] = float("inf")
+    tok = kvl.quantize_kv(kv, fp8)
+    back = kvl.dequantize_kv(tok, fp8, torch.float64)
+    scale = tok[:, 512:528].contiguous().view(torch.float32)
+    assert scale[0, 0] == torch.finfo(torch.float32).tiny, f"[{fp8}] {scale[0, 0]}"
+    assert torch.isfinite(back[0]).all() and back[0, :128].abs().max() <= 1e-44, f"[{fp8}] tiny tile"
+    assert back[1, 128:256].isnan().all() and back[2, 256:384].isnan().all(), f"[{fp8}] non-finite tiles"
+    for row, tile in ((1, 1), (2, 2)):  # the other tiles of those tokens are untouched
+        others = torch.ones(576, dtype=torch.bool)
+        others[tile * 128:(tile + 1) * 128] = False
+        assert torch.isfinite(back[row, others]).all(), f"[{fp8}] token {row}"
 
 
 def test_dequantize_keeps_leading_dims_and_exactness():

@@ -144,9 +144,10 @@ def quantize_kv(kv: torch.Tensor, fp8_dtype: torch.dtype | None = None,
     """Quantise ``kv [tokens, 576]`` (bf16/fp16/fp32) into 656-byte tokens. Capturable.
 
     Per 128-value tile of the nope part: ``scale = amax / max(fp8_dtype)`` (448 for e4m3fn, 240
-    for e4m3fnuz) in float32, a tile of zeros gets scale 1; values ``x / scale`` rounded to
-    nearest in ``fp8_dtype``. The rope part is stored as bf16. Non-finite inputs give
-    non-finite tiles (nothing checks, so nothing syncs with the host).
+    for e4m3fnuz) in float32, at least float32's smallest normal (2^-126), a tile of zeros gets
+    scale 1; values ``x / scale`` rounded to nearest in ``fp8_dtype``. The rope part is stored
+    as bf16. A NaN or inf in a tile makes the whole tile read back NaN (nothing checks, so
+    nothing syncs with the host).
 
     Args:
         kv: ``[tokens, 576]`` floating point; V = ``kv[:, :512]``.
@@ -168,7 +169,10 @@ def quantize_kv(kv: torch.Tensor, fp8_dtype: torch.dtype | None = None,
     nope = kv[:, :D_NOPE].float().reshape(tokens, NUM_TILES, TILE)  # [tokens, 4, 128]
     fmax = torch.finfo(fp8).max
     amax = nope.abs().amax(dim=-1)  # [tokens, 4]
-    scale = torch.where(amax > 0, amax / fmax, torch.ones_like(amax))
+    # The scale stays a normal float32: amax / fmax of a tile of fp32 values below ~1e-43 would
+    # underflow to 0, and 0 / 0 then gives NaN for its zeros. A NaN amax (a NaN in the tile) is
+    # not == 0, so its scale is NaN and the whole tile reads back NaN, as an inf makes it.
+    scale = torch.where(amax == 0, torch.ones_like(amax), (amax / fmax).clamp_min(torch.finfo(torch.float32).tiny))
     # x / (amax / fmax) can round a hair above fmax; clamp before the cast (which would give NaN).
     values = (nope / scale[..., None]).clamp_(-fmax, fmax).to(fp8)
     out[:, :D_NOPE].copy_(values.reshape(tokens, D_NOPE).view(torch.uint8))
