@@ -99,6 +99,25 @@ def test_builtin_backend_conformance_fp8(case):
     case.run()
 
 
+@pytest.mark.parametrize("name", ["flashmla", "trtllm", "flashmla_mega", "dispatch"])
+def test_custom_ops_refuse_a_backend_of_another_fp8_format(name):
+    """Under a full-graph capture the kernels run as custom ops, which read FP8 tokens in
+    current_platform()'s format: a backend made for the other format refuses there (it used to
+    read the cache as the wrong type: NaN), and runs eager and breakable graphs as before."""
+    if current_platform().has_gpu:
+        pytest.skip("needs a CPU platform of the other FP8 format")
+    from graphattn.common.platform import CpuPlatform
+    from graphattn.hip.launch import AmdLaunchTable
+
+    other = CpuPlatform(launch_table=AmdLaunchTable("gfx942"))
+    assert other.fp8_dtype != current_platform().fp8_dtype  # the test's premise
+    spec = SMALL.spec("ragged")
+    cls = get_backend_class(name)
+    check_case(cls, spec, "breakable", SMALL, platform=other, kv_dtype="fp8")
+    with pytest.raises(ValueError, match="custom ops"):
+        check_case(cls, spec, "full", SMALL, platform=other, kv_dtype="fp8")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_torch_backend_reads_the_cache_dequantised_into_q_dtype(dtype):
     """The torch backend's FP8 semantics, pinned as the kernels' are (test_kernels_fp8)."""

@@ -16,7 +16,7 @@ import torch
 from ..common.buffers import EpochDict, storage_epoch
 from ..common.capture import is_capturing
 from ..common.metadata import GraphMetadata
-from ..common.platform import current_gpu_index
+from ..common.platform import current_gpu_index, current_platform
 from ..common.validation import check_int
 from ..kernels.launch import KernelSpec, LaunchPlan, aligned_16, direct_launch_allowed
 from ..kernels.plan import SplitPlan, split_plan
@@ -131,6 +131,8 @@ class TritonBackend(AttentionBackend):
         if call is not None:
             res = call(q, kv, out)
         else:
+            if self.kv_fp8 and not torch.compiler.is_compiling():
+                self._check_op_fp8_format()
             spec = self._spec_for(metadata, q, kv)
             res = spec.op(q, kv, *self._fixed_args(metadata, q.shape[0], None, spec))
         if out is None:
@@ -140,6 +142,20 @@ class TritonBackend(AttentionBackend):
         out[0].copy_(res[0])
         out[1].copy_(res[1])
         return out
+
+    def _check_op_fp8_format(self) -> None:
+        """The custom ops read FP8 tokens in ``current_platform()``'s format (they cannot carry
+        a platform): refuse a backend made for another format there, which would read its cache
+        as the wrong FP8 type (NaN or wrong values, silently)."""
+        here = current_platform().fp8_dtype
+        if self.platform.fp8_dtype != here:
+            raise ValueError(
+                f"{self.name}: this backend reads FP8 tokens as {self.platform.fp8_dtype} (its platform "
+                f"{self.platform.name}), but under a capture, torch.compile or a dispatch mode the "
+                f"kernels run as custom ops, which read them as this process's platform does "
+                f"({here}); make the backend on current_platform() (leave platform= out), or set "
+                f"GRAPHATTN_PLATFORM so that both agree"
+            )
 
     def _spec_for(self, metadata: GraphMetadata, q: torch.Tensor, kv: torch.Tensor) -> KernelSpec:
         """The kernel path whose custom op a call runs: the backend's one path (a backend with
