@@ -361,7 +361,10 @@ def test_ops_run_where_something_watches_them_or_the_call_does_not_qualify(monke
         with _Recorder() as mode:
             check_reference("dispatch mode", backend, q, kv, idx, *backend.forward(q, kv, md))
         assert "aten.bmm.default" in mode.ops, f"backend '{NAME}': the mode saw {mode.ops}"
-        check_reference("grad", backend, q, kv, idx, *backend.forward(q.clone().requires_grad_(), kv, md))
+        with torch.no_grad():  # a q that needs grad, autograd off: the ops run, not the graph
+            check_reference("grad", backend, q, kv, idx, *backend.forward(q.clone().requires_grad_(), kv, md))
+        with pytest.raises(ValueError, match="inference-only"):  # autograd on: refused
+            backend.forward(q.clone().requires_grad_(), kv, md)
         strided = torch.empty(4, HEADS, 600)[..., :576].copy_(q)
         check_reference("non-contiguous q", backend, strided, kv, idx, *backend.forward(strided, kv, md))
     monkeypatch.setattr(torch_ref, "_GATHER_BUDGET_BYTES", TOPK * 576 * 4)  # one row per chunk
