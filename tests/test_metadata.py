@@ -68,6 +68,21 @@ def test_q_pad_growth_after_mark_raises_and_keeps_captured_storage():
     assert torch.equal(storage, snapshot), "the refused call modified the captured q-pad buffer"
 
 
+def test_reserve_grows_every_buffer_or_none():
+    """One captured buffer refuses the metadata's growth before any other buffer grows (the
+    counter used to grow, then the captured index table raised)."""
+    m = make(8)
+    m.indices.view(8)
+    m.indices.mark_captured()  # one buffer a graph holds; the others free
+    before = {b.name: (b.capacity, b.data_ptr()) for b in m.buffers()}
+    with pytest.raises(CapturedBufferGrowthError, match="indices"):
+        m.reserve(16)
+    assert {b.name: (b.capacity, b.data_ptr()) for b in m.buffers()} == before
+    free = make(8)
+    free.reserve(16)
+    assert free.capacity == 16 and all(b.capacity >= 16 for b in free._row_buffers())
+
+
 def test_counter_overflow_after_mark_gives_eager_a_temporary():
     m = make(8)
     captured = m.counter_for(8)

@@ -12,7 +12,9 @@ uses must never be replaced. This class makes that a property of the type:
 from __future__ import annotations
 
 import enum
-from typing import Any, Callable, Sequence
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -64,6 +66,37 @@ def forget_kept_calls() -> None:
     _storage_epoch += 1
 
 
+class _CaptureMarks(threading.local):
+    # The buffers that views newly marked during the capture being recorded on this thread, or
+    # None outside one (a class default: reading it never raises).
+    journal: list[GrowOnlyBuffer] | None = None
+
+
+_capture_marks = _CaptureMarks()
+
+
+@contextmanager
+def recording_capture_marks() -> Iterator[list[GrowOnlyBuffer]]:
+    """Collect, in the list this yields, every buffer that a :meth:`GrowOnlyBuffer.view` in the
+    block newly marks captured, so that a capture which fails can give the marks back
+    (:func:`release_capture_marks`): no graph holds those buffers then."""
+    before = _capture_marks.journal
+    journal: list[GrowOnlyBuffer] = []
+    _capture_marks.journal = journal
+    try:
+        yield journal
+    finally:
+        _capture_marks.journal = before
+
+
+def release_capture_marks(buffers: Sequence[GrowOnlyBuffer]) -> None:
+    """Unpin buffers that a failed capture marked (the list :func:`recording_capture_marks`
+    yielded): the failed graph is never replayed, so they may grow again. Only for buffers no
+    other graph marked; a buffer marked before the capture is never in that list."""
+    for buf in buffers:
+        buf._captured = False
+
+
 class PaddingRows:
     """Which leading rows of a padded table may hold live data, so that padding rows are filled
     only where an earlier, larger step wrote: a steady batch size then costs one copy per step,
@@ -87,6 +120,13 @@ class PaddingRows:
         if dirty > live:
             fill(live, min(stop, dirty))
         self.rows = dirty if dirty > stop else live
+        self.storage = storage
+
+    def wrote(self, rows: int, storage: Any = None) -> None:
+        """Record that rows ``[0, rows)`` may now hold live data, written elsewhere than through
+        :meth:`pad` (an eager step on the table itself), so the next :meth:`pad` refills them."""
+        dirty = self.rows if storage is self.storage else 0
+        self.rows = max(dirty, rows)
         self.storage = storage
 
 
@@ -171,18 +211,31 @@ class GrowOnlyBuffer:
             CaptureCapacityError: a capture is in progress and ``rows`` exceeds the capacity.
         """
         rows = int(rows)
-        if rows < 0:
-            raise ValueError(f"buffer '{self.name}': rows must be >= 0, got {rows}")
-        if rows <= self.capacity:
+        if not self.check_growth(rows):
             return
-        if self._captured:
-            raise CapturedBufferGrowthError(self.name, self.capacity, rows)
-        if is_capturing():
-            raise CaptureCapacityError(self.name, self.capacity, rows)
         global _storage_epoch
         self._data = self._allocate(rows)
         self._views = {}
         _storage_epoch += 1
+
+    def check_growth(self, rows: int) -> bool:
+        """Whether :meth:`reserve` of ``rows`` would grow the buffer; raises what it would raise
+        (so that several buffers can be checked before any of them grows).
+
+        Raises:
+            ValueError: ``rows`` < 0.
+            CapturedBufferGrowthError: the buffer is captured and ``rows`` exceeds its capacity.
+            CaptureCapacityError: a capture is in progress and ``rows`` exceeds the capacity.
+        """
+        if rows < 0:
+            raise ValueError(f"buffer '{self.name}': rows must be >= 0, got {rows}")
+        if rows <= self.capacity:
+            return False
+        if self._captured:
+            raise CapturedBufferGrowthError(self.name, self.capacity, rows)
+        if is_capturing():
+            raise CaptureCapacityError(self.name, self.capacity, rows)
+        return True
 
     def view(self, rows: int) -> torch.Tensor:
         """A ``[rows, *row_shape]`` slice of the storage (never a copy).
@@ -197,7 +250,7 @@ class GrowOnlyBuffer:
         view = None if compiling else self._views.get(rows)
         if view is not None:
             if not self._captured and is_capturing():
-                self._captured = True  # the graph now holds this storage's address
+                self._mark_by_capture()  # the graph now holds this storage's address
             return view
         rows = int(rows)
         if rows < 0:
@@ -214,8 +267,8 @@ class GrowOnlyBuffer:
                 return self._allocate(rows)
             else:
                 raise CapturedBufferGrowthError(self.name, self.capacity, rows)
-        if capturing:
-            self._captured = True
+        if capturing and not self._captured:
+            self._mark_by_capture()
         if compiling:
             return self._data[:rows]
         view = self._views[rows] = self._data[:rows]
@@ -236,6 +289,14 @@ class GrowOnlyBuffer:
     def mark_captured(self) -> None:
         """Pin the storage: from now on it is never freed or replaced by this object."""
         self._captured = True
+
+    def _mark_by_capture(self) -> None:
+        # Journaled, so that a capture that then fails can release the mark: otherwise a
+        # buffer no graph holds would refuse to grow for good.
+        self._captured = True
+        journal = _capture_marks.journal
+        if journal is not None:
+            journal.append(self)
 
     def __repr__(self) -> str:
         return (

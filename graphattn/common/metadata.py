@@ -151,8 +151,12 @@ class GraphMetadata:
         return min(b.capacity for b in self._row_buffers())
 
     def reserve(self, rows: int) -> None:
-        """Grow every row-sized buffer to ``rows`` query rows (before capture only)."""
-        for b in self._row_buffers():
+        """Grow every row-sized buffer to ``rows`` query rows (before capture only): all of
+        them or, when one may not grow (captured), none."""
+        buffers = self._row_buffers()
+        for b in buffers:
+            b.check_growth(int(rows))
+        for b in buffers:
             b.reserve(rows)
 
     def nbytes(self) -> int:

@@ -21,9 +21,10 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.utils._pytree import tree_flatten
 
-from ..common.buffers import GrowOnlyBuffer
+from ..common.buffers import GrowOnlyBuffer, recording_capture_marks, release_capture_marks
 from ..common.platform import Platform, current_platform, device_scope, indexed_device
 from .sanitizer import (
+    BorrowedStorage,
     StorageTracker,
     collect_buffer_names,
     named_roots,
@@ -172,6 +173,11 @@ class BreakableGraph:
         self.out: Any = None
         self.captured = False
         self._schedule: list[Callable[[], None]] = []
+        # Per segment: the borrowed storages its ops touched ({id: record}; empty untracked).
+        self._segment_records: list[dict[int, BorrowedStorage]] = []
+        self._replay_check: Callable[[], None] | None = None
+        self._failed_segments: list[Any] = []  # of captures that raised (see _discard_attempt)
+        self._inference = False  # captured in inference mode with breaks: replays run in it
 
     @property
     def num_segments(self) -> int:
@@ -198,7 +204,12 @@ class BreakableGraph:
         return out
 
     def capture(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
-        """Capture ``fn(*args, **kwargs)`` once; returns its outputs (replays overwrite them)."""
+        """Capture ``fn(*args, **kwargs)`` once; returns its outputs (replays overwrite them).
+
+        A capture that raises leaves nothing behind: its segments, breaks and records are
+        dropped and the buffers its views marked are released, so ``capture`` may be called
+        again on this object.
+        """
         if not callable(fn):
             raise TypeError(f"BreakableGraph.capture: fn must be callable, got {type(fn).__name__}")
         if self.captured:
@@ -207,6 +218,23 @@ class BreakableGraph:
             raise RuntimeError("nested BreakableGraph capture on one thread is not supported")
         roots = named_roots(fn, args, kwargs, self.name_roots)
         names = collect_buffer_names(roots)
+        pool, marked = self.pool, []
+        try:
+            with recording_capture_marks() as marked:
+                self._capture(fn, args, kwargs)
+            self._finish_capture(roots, names)
+        except BaseException:
+            self._discard_attempt(pool, marked)
+            raise
+        self.captured = True
+        # Outputs made under inference mode are inference tensors, which a break's copy into
+        # them may update only in inference mode: replays then run in it too.
+        self._inference = torch.is_inference_mode_enabled() and bool(self._breaks)
+        log.debug("captured %d segment(s), %d break(s)", self.num_segments, self.num_breaks)
+        return self.out
+
+    def _capture(self, fn: Callable, args: tuple, kwargs: dict) -> None:
+        """Run ``fn`` under capture, one segment per stretch between breaks."""
         _active.graph = self
         # No garbage collection while capturing: a collection runs the finalizers of whatever
         # earlier objects it frees (graphs, their pools, tensors) in the middle of the capture.
@@ -230,27 +258,58 @@ class BreakableGraph:
             _active.graph = None
             if gc_was_enabled:
                 gc.enable()
+
+    def _finish_capture(self, roots: list[tuple[str, Any]], names: dict[int, str]) -> None:
+        """Name the borrowed storages, build the replay schedule, then pin the buffers used
+        (last: nothing after it may fail, since a failed capture must pin nothing)."""
         names.update({k: v for k, v in collect_buffer_names(roots).items() if k not in names})
         self.tracker.assign_names(names)
         self.tracker.end_capture()
-        self._mark_used_buffers(roots)
         # What a replay runs, in order: the segments that recorded work (an empty one is a
         # no-op) and the breaks; built once, so a replay is one loop over bound methods.
+        # A break may free or move storage a later segment reads (it rebinds an attribute):
+        # a real graph would read it unchecked, so with the sanitizer on each later segment's
+        # borrowed storages are checked again just before it replays. The emulator's segments
+        # revive theirs before running any op, which checks the same.
+        recheck = self.tracking and not all(getattr(seg, "emulated", False) for seg in self.segments)
         self._schedule = []
         for i, seg in enumerate(self.segments):
+            records = self._segment_records[i]
+            if i > 0 and recheck and records:
+                self._schedule.append(functools.partial(_check_storages, tuple(records.values())))
             if not getattr(seg, "empty", False):
                 self._schedule.append(seg.replay)
             if i < len(self._breaks):
                 self._schedule.append(self._breaks[i].run)
-        self.captured = True
-        log.debug("captured %d segment(s), %d break(s)", self.num_segments, self.num_breaks)
-        return self.out
+        self._replay_check = self.tracker.check if self.tracking else None
+        self._mark_used_buffers(roots)
+
+    def _discard_attempt(self, pool: Any, marked: list[GrowOnlyBuffer]) -> None:
+        """Forget a capture that raised, so that a retry records only its own work, and give
+        back the marks its views made (no graph holds those buffers)."""
+        # Kept, never replayed: torch frees a capture stream's cuBLAS workspaces when any graph
+        # captured on it is destroyed (pytorch/pytorch#193402), so these segments must die with
+        # the graphs that share their stream, not now.
+        self._failed_segments.extend(self.segments)
+        self.segments, self._breaks, self._schedule = [], [], []
+        self._segment_records = []
+        self._capturing = None
+        self.tracker = StorageTracker()
+        self.pool = pool
+        self.out = None
+        release_capture_marks(marked)
 
     def _begin_segment(self) -> None:
-        seg = self.segment_class(pool=self.pool, tracker=self.tracker if self.tracking else None)
-        seg.capture_begin()
+        tracker = _SegmentTracker(self.tracker) if self.tracking else None
+        seg = self.segment_class(pool=self.pool, tracker=tracker)
+        try:
+            seg.capture_begin()
+        except BaseException:
+            self._failed_segments.append(seg)  # dies with this graph (see _discard_attempt)
+            raise
         self.pool = seg.pool if self.pool is None else self.pool
         self.segments.append(seg)
+        self._segment_records.append(tracker.records if tracker is not None else {})
         self._capturing = seg
 
     def _end_segment(self) -> None:
@@ -295,23 +354,71 @@ class BreakableGraph:
 
     # -- replay -------------------------------------------------------------------------
     def check(self) -> None:
-        """Raise :class:`FreedCaptureBufferError` if a borrowed storage was freed or moved."""
-        if self.tracking:
-            self.tracker.check()
+        """Raise :class:`FreedCaptureBufferError` if a borrowed storage was freed or moved.
+
+        Raises:
+            RuntimeError: this graph records nothing to check (``tracking`` is False: a real
+                GPU graph made with ``sanitize=False``, the default).
+        """
+        if not self.tracking:
+            raise RuntimeError(_untracked_message("BreakableGraph.check()", "BreakableGraph"))
+        self.tracker.check()
 
     def replay(self) -> Any:
-        """Check (when tracking), then replay every segment and break in order."""
+        """Check (when tracking), then replay every segment and break in order; with the
+        sanitizer on a real graph, each segment after a break is checked again first."""
         if not self.captured:
             raise RuntimeError("replay() before capture()")
-        self.check()
+        if self._replay_check is not None:
+            self._replay_check()
+        if self._inference and not torch.is_inference_mode_enabled():
+            with torch.inference_mode():
+                return self.replay()
         with device_scope(self.device):  # no-op when the graph's device is current
             for step in self._schedule:
                 step()
         return self.out
 
     def held_storages(self) -> list[Any]:
-        """The borrowed storages the captured segments touch (``BorrowedStorage`` records)."""
+        """The borrowed storages the captured segments touch (``BorrowedStorage`` records);
+        always empty when ``tracking`` is False (nothing was recorded, not nothing held)."""
         return self.tracker.borrowed()
+
+
+class _SegmentTracker:
+    """The graph's :class:`StorageTracker` as one segment's capture feeds it: every call goes
+    to the shared tracker, and :attr:`records` keeps the borrowed storages this segment's ops
+    touched (the storages to check again before it replays after a break)."""
+
+    def __init__(self, tracker: StorageTracker):
+        self.tracker = tracker
+        self.records: dict[int, BorrowedStorage] = {}
+
+    def observe(self, func: Any, args: tuple, kwargs: dict, out: Any) -> dict[int, Any]:
+        """:meth:`StorageTracker.observe`, remembering the borrowed storages it met."""
+        weak = self.tracker.observe(func, args, kwargs, out)
+        for w in weak.values():
+            self.records.setdefault(id(w.storage), w.storage)
+        return weak
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.tracker, name)
+
+
+def _check_storages(records: tuple[BorrowedStorage, ...]) -> None:
+    """Raise :class:`FreedCaptureBufferError` for the first of ``records`` not in place."""
+    for rec in records:
+        problem = rec.problem()
+        if problem is not None:
+            raise rec.error(problem)
+
+
+def _untracked_message(what: str, maker: str) -> str:
+    return (
+        f"{what}: nothing to check: the graph was captured without the capture sanitizer "
+        f"(sanitize=False on a GPU, the default), so no borrowed storage was recorded. Fix: "
+        f"make the {maker} with sanitize=True (or set GRAPHATTN_SANITIZE=1) before capturing."
+    )
 
 
 def _capture_buffers(obj: Any) -> list[GrowOnlyBuffer]:

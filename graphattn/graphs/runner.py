@@ -51,6 +51,15 @@ def _extend_plan(metadata: Any) -> Callable[[int], None] | None:
     return extend if callable(extend) else None
 
 
+def _span(t: torch.Tensor) -> tuple[int, int, int]:
+    """``(first byte, past the last byte, bytes per row)`` of a static input."""
+    lo = t.data_ptr()
+    if t.numel() == 0:
+        return lo, lo, 0
+    extent = sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1
+    return lo, lo + extent * t.element_size(), t.stride(0) * t.element_size()
+
+
 def default_buckets(max_rows: int) -> list[int]:
     """Serving-engine style buckets: 1, 2, 4, 8, then every 8 up to ``max_rows`` (included)."""
     if max_rows < 1:
@@ -161,6 +170,17 @@ class GraphRunner:
         self._row_views: dict[int, list[tuple[torch.Tensor, int, tuple[int, ...]]]] = {}
         self._out_views: dict[tuple[int, int], Any] = {}
         self._padding = PaddingRows()
+        # Each static input's address range and row size: a live input that lies inside its
+        # static tensor (an engine writing its inputs there) writes rows the padding record
+        # must know of. (start, end, bytes per row)
+        self._spans = [_span(t) for t in self.static.values()]
+        # A bucket capture that raised: (bucket, "Type: message"), until capture() succeeds.
+        # The text, not the exception: its traceback would keep the failed capture's frames alive.
+        self._capture_failure: tuple[int, str] | None = None
+        # Graphs of bucket captures that raised, never replayed; they die with the runner (see
+        # BreakableGraph._discard_attempt: destroying one would free its capture stream's cuBLAS
+        # workspaces, which the captured buckets on that stream still use).
+        self._failed_graphs: list[BreakableGraph] = []
         # What run() compares each live input with: (all dims but the rows, dtype, device).
         self._expected = {n: (t.dim(), t.shape[1:], t.dtype, t.device) for n, t in self.static.items()}
         # A GraphMetadata checks that its plan covers a replay (duck-typed: any metadata may).
@@ -179,14 +199,25 @@ class GraphRunner:
     def capture(self) -> None:
         """Capture every bucket, largest first, into one pool; mark the metadata after the first.
 
-        Static inputs are filled with pad values first, so captures run on inert rows.
+        Static inputs are filled with pad values first, so captures run on inert rows. If a
+        bucket's capture raises, the buckets captured before it stay in use and a later
+        ``capture()`` captures the ones still missing (once the cause is fixed).
         """
+        missing = self._missing_buckets()
+        if not missing:
+            raise RuntimeError("GraphRunner.capture() was already called (every bucket is captured)")
         if self.graphs:
-            raise RuntimeError("GraphRunner.capture() was already called")
+            log.info("capture resumes with the missing buckets %s", missing)
         self._pad(0, self.max_rows)
+        self._padding = PaddingRows()  # every row holds its pad value now
         total, t_all = len(self.buckets), time.perf_counter()
-        for done, bucket in enumerate(sorted(self.buckets, reverse=True), start=1):
-            seconds, nbytes = self._capture_bucket(bucket)
+        for bucket in missing:
+            try:
+                seconds, nbytes = self._capture_bucket(bucket)
+            except BaseException as exc:
+                self._capture_failure = (bucket, f"{type(exc).__name__}: {exc}")
+                raise
+            done = len(self.graphs)
             log.debug("captured bucket %d in %.3f s (+%d bytes device memory)", bucket, seconds, nbytes)
             if self.progress is not None:
                 self.progress(done, total, bucket, seconds)
@@ -195,6 +226,11 @@ class GraphRunner:
                     "graph capture %d/%d buckets (last %d rows, %.3f s; %.2f s total)",
                     done, total, bucket, seconds, time.perf_counter() - t_all,
                 )
+        self._capture_failure = None
+
+    def _missing_buckets(self) -> list[int]:
+        """Buckets not captured yet, largest first (the order captures run in)."""
+        return [b for b in sorted(self.buckets, reverse=True) if b not in self.graphs]
 
     def _capture_bucket(self, bucket: int) -> tuple[float, int]:
         """Warm up and capture one bucket; returns (seconds, device bytes allocated)."""
@@ -210,16 +246,61 @@ class GraphRunner:
             self._extend_plan(bucket)  # capture on a plan of the bucket's rows (padding inert)
         # The metadata lets the bucket's forward read unplanned rows while capturing: inputs
         # are inert, and each replay checks the plan that covers it.
-        with self._capture_rows(bucket) if self._capture_rows else contextlib.nullcontext():
-            graph.warmup(self.fn, **inputs)  # as engines do: first-call work happens outside
-            self._synchronize()
-            graph.capture(self.fn, **inputs)
-            self._synchronize()
+        try:
+            with self._capture_rows(bucket) if self._capture_rows else contextlib.nullcontext():
+                graph.warmup(self.fn, **inputs)  # as engines do: first-call work happens outside
+                self._synchronize()
+                graph.capture(self.fn, **inputs)
+                self._synchronize()
+        except BaseException:
+            self._failed_graphs.append(graph)
+            raise
         self.pool = graph.pool
         self.graphs[bucket] = graph
         if self.metadata is not None:
             self.metadata.mark_captured()  # after the first capture; never undone
         return time.perf_counter() - t0, self._memory() - mem0
+
+    def _not_captured(self, bucket: int, rows: int) -> str:
+        """Why ``run`` has no graph for ``bucket``."""
+        if self._capture_failure is None:
+            return "GraphRunner.run() before capture(): call runner.capture() first"
+        failed, why = self._capture_failure
+        return (
+            f"GraphRunner.run(): bucket {bucket} (for {rows} rows) is not captured: capture() "
+            f"failed at bucket {failed} ({why}). Fix the cause and call capture() again (it "
+            f"captures the missing buckets {self._missing_buckets()}), or make a new GraphRunner."
+        )
+
+    def _check_no_self_overlap(self, dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+        """Refuse a live input that overlaps the static rows it is copied into (a later slice
+        of ``runner.static`` whose rows run into ``[:rows]``): the copy would read what it
+        overwrites."""
+        for d, t in zip(dst, src):
+            (d0, d1, _), (s0, s1, _) = _span(d), _span(t)
+            if d0 < s1 and s0 < d1:
+                name = next(n for n, v in self.static.items() if v.data_ptr() <= d0 < _span(v)[1])
+                raise ValueError(
+                    f"GraphRunner.run: live input '{name}' (a slice of runner.static['{name}']) "
+                    f"overlaps the rows [:{d.shape[0]}] it is copied into, so the copy would read "
+                    f"what it overwrites. Fix: pass runner.static['{name}'][:rows] itself (no "
+                    f"copy), or a tensor outside runner.static."
+                )
+
+    def _static_rows_written(self, live: Mapping[str, torch.Tensor]) -> int:
+        """The leading static rows that live inputs lying inside their static tensors reach
+        (up to the largest bucket: no graph reads rows past it); 0 when none does."""
+        top, largest = 0, self.buckets[-1]
+        for name, (lo, hi, row_bytes) in zip(self.static, self._spans):
+            t = live[name]
+            p = t.data_ptr()
+            if not lo <= p < hi or t.numel() == 0:
+                continue
+            if row_bytes <= 0:
+                return largest
+            last = p + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) * t.element_size()
+            top = max(top, (last - lo) // row_bytes + 1)
+        return min(top, largest)
 
     def _memory(self) -> int:
         if self.platform.has_gpu:
@@ -292,7 +373,12 @@ class GraphRunner:
         bucket = self.bucket_for(rows)
         if bucket is None or bucket not in self.graphs:
             if bucket is not None:
-                raise RuntimeError("GraphRunner.run() before capture()")
+                raise RuntimeError(self._not_captured(bucket, rows))
+            # Rows the caller wrote into the static inputs themselves are live data now, where
+            # the next replay of a bucket may expect padding.
+            written = self._static_rows_written(live)
+            if written:
+                self._padding.wrote(written)
             return self.fn(**live)
         if self._extend_plan is not None:
             self._extend_plan(bucket)  # the bucket's padding rows attend to nothing
@@ -308,13 +394,20 @@ class GraphRunner:
         # dtypes and devices the static ones'), not one launch each: a copy launch costs ~5 µs of
         # host time.
         dst, src = [], []
-        for (view, ptr, stride), name in zip(views, self.static):
+        inside = False
+        for (view, ptr, stride), name, (lo, hi, _) in zip(views, self.static, self._spans):
             t = live[name]
-            if t.data_ptr() != ptr or t.stride() != stride:
+            p = t.data_ptr()
+            if p != ptr or t.stride() != stride:
                 dst.append(view)
                 src.append(t)
+                inside = inside or lo <= p < hi  # other static rows: the caller wrote them
+        if inside:
+            self._check_no_self_overlap(dst, src)
         if dst:
             torch._foreach_copy_(dst, src)
+        if inside:
+            self._padding.wrote(self._static_rows_written(live))
         self._padding.pad(rows, bucket, self._pad)
         out = self.graphs[bucket].replay()
         if rows == bucket:
@@ -332,13 +425,34 @@ class GraphRunner:
         number of buckets)."""
         return [seg.pool for graph in self.graphs.values() for seg in graph.segments]
 
+    @property
+    def tracking(self) -> bool:
+        """True when the captured buckets recorded their borrowed storages (sanitizer on, or
+        the CPU emulator), so :meth:`check` and :meth:`held_storages` have something to go on;
+        False before capture."""
+        return bool(self.graphs) and all(g.tracking for g in self.graphs.values())
+
     def check(self) -> None:
-        """Sanitize every bucket's graph now (raises :class:`FreedCaptureBufferError`)."""
+        """Sanitize every captured bucket's graph now (nothing to do before capture).
+
+        Raises:
+            FreedCaptureBufferError: a borrowed storage was freed or moved since capture.
+            RuntimeError: the buckets were captured without the sanitizer (``tracking`` is
+                False: ``sanitize=False`` on a GPU, the default), so nothing can be checked.
+        """
         for graph in self.graphs.values():
+            if not graph.tracking:
+                raise RuntimeError(
+                    "GraphRunner.check(): nothing to check: the buckets were captured without "
+                    "the capture sanitizer (sanitize=False on a GPU, the default), so no "
+                    "borrowed storage was recorded. Fix: make the GraphRunner with "
+                    "sanitize=True (or set GRAPHATTN_SANITIZE=1) before capture()."
+                )
             graph.tracker.check()
 
     def held_storages(self) -> list[Any]:
-        """Distinct borrowed storages all buckets' graphs touch (``BorrowedStorage``)."""
+        """Distinct borrowed storages all buckets' graphs touch (``BorrowedStorage``); empty
+        when :attr:`tracking` is False (nothing was recorded, not nothing held)."""
         seen: dict[int, Any] = {}
         for graph in self.graphs.values():
             for rec in graph.held_storages():
