@@ -13,8 +13,11 @@ from .capture import capture_scope, is_capturing
 from .errors import (
     CaptureCapacityError,
     CapturedBufferGrowthError,
+    CapturedShapeChangedError,
     FreedCaptureBufferError,
     GraphSafetyError,
+    HostReadbackError,
+    UntrackableTensorError,
 )
 from .metadata import D_QK, D_V, GraphMetadata
 from .platform import Platform, current_platform, import_triton, reset_platform_cache
@@ -35,6 +38,9 @@ __all__ = [
     "CapturedBufferGrowthError",
     "FreedCaptureBufferError",
     "GraphSafetyError",
+    "HostReadbackError",
+    "UntrackableTensorError",
+    "CapturedShapeChangedError",
     "D_QK",
     "D_V",
     "GraphMetadata",

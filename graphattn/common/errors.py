@@ -66,3 +66,29 @@ __all__ = [
     "CaptureCapacityError",
     "FreedCaptureBufferError",
 ]
+
+
+class HostReadbackError(GraphSafetyError):
+    """A capture would read a device value back to the host, which a real CUDA/HIP capture
+    refuses (and whose value a replay could not follow)."""
+
+
+class UntrackableTensorError(GraphSafetyError):
+    """A captured op received a tensor whose memory the capture cannot see, so it could not
+    tell (or check) which storages the graph borrows."""
+
+
+class CapturedShapeChangedError(GraphSafetyError):
+    """A replayed op returned another shape (or number of results) than at capture: a real
+    graph replays the captured shapes, so it would not compute what eager code computes."""
+
+    def __init__(self, op: str, detail: str):
+        self.op, self.detail = op, detail
+        super().__init__(
+            f"replay of op '{op}' {detail}: a graph replays the shapes it captured, so this "
+            f"op's output size must not depend on tensor values or on state outside its "
+            f"arguments (a custom op reading a global that changed). Fix: give the op a fixed "
+            f"output size (nonzero_static(size=...), repeat_interleave(output_size=...), "
+            f"torch.where instead of boolean indexing), or keep the state it reads fixed for "
+            f"the graph's lifetime and re-capture after changing it."
+        )

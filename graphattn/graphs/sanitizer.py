@@ -4,9 +4,15 @@ A captured graph replays raw addresses and keeps nothing alive. While a segment 
 :class:`torch.utils._python_dispatch.TorchDispatchMode` sees every aten op and every torch custom
 op (Triton kernels registered with ``torch.library``) with its tensor arguments. For each tensor
 it asks one question: was its *storage* created during this capture (it then belongs to the
-graph's pool), or did it exist before (the graph merely borrows its address)? Borrowed storages
-are remembered **weakly** (``StorageWeakRef``) with their address; before a replay,
-:meth:`StorageTracker.check` raises :class:`FreedCaptureBufferError` if one expired or moved.
+graph's pool), or did it exist before (the graph merely borrows its address)? An op's output
+counts as the pool's only when it is provably fresh: not an input's storage, and referenced by
+nothing but the op's outputs (a custom op may return a workspace it keeps elsewhere). A wrapper
+subclass (``__tensor_flatten__``) or sparse tensor is classified through the tensors holding
+its memory; one whose memory cannot be named is refused (:class:`UntrackableTensorError`).
+Borrowed storages are remembered **weakly** (``StorageWeakRef``) with their address; before a
+replay, :meth:`StorageTracker.check` raises :class:`FreedCaptureBufferError` if one expired or
+moved. Ops that read device values back to the host, or whose output size depends on them,
+raise :class:`HostReadbackError` as a real capture fails on them.
 
 The same :class:`StorageTracker` classifies tensors for the CPU graph emulator
 (``graphs/emulated.py``), so the emulator and the sanitizer cannot disagree about what a graph
@@ -27,23 +33,60 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
 from ..common.buffers import GrowOnlyBuffer
-from ..common.errors import FreedCaptureBufferError, GraphSafetyError
+from ..common.errors import (FreedCaptureBufferError, GraphSafetyError, HostReadbackError,
+                             UntrackableTensorError)
 from ..common.validation import env_flag
 
 SANITIZE_ENV = "GRAPHATTN_SANITIZE"
 
 # Ops that read a device value back to the host: a real capture fails on them (the copy would
 # have to synchronize a stream that is recording), so the emulator and sanitizer refuse them too.
-_HOST_READBACK_OPS = frozenset(
-    ["_local_scalar_dense", "item", "equal", "nonzero", "is_nonzero", "allclose"]
-)
+# Each maps to its fix.
+_PLAN = "compute it before capture (backend.plan) or keep it on the device"
+_HOST_READBACK_OPS = {
+    "_local_scalar_dense": _PLAN + " (torch.where instead of a Python branch)",
+    "item": _PLAN,
+    "equal": _PLAN,
+    "is_nonzero": _PLAN + " (torch.where instead of a Python branch)",
+    "allclose": _PLAN,
+}
+# Ops whose output size depends on tensor values: the device must report that size to the host
+# before the output can be allocated, so they read back too (and a replay could not resize).
+_UNIQUE_FIX = "compute the unique values before capture"
+_SPARSE_FIX = "convert to a sparse layout before capture"
+_DATA_DEPENDENT_OPS = {
+    "nonzero": "use torch.nonzero_static(x, size=...) (a fixed-size result)",
+    "masked_select": "keep the shape: torch.where(mask, x, fill) or x.masked_fill(~mask, fill)",
+    "_unique": _UNIQUE_FIX,
+    "_unique2": _UNIQUE_FIX,
+    "unique_dim": _UNIQUE_FIX,
+    "unique_consecutive": _UNIQUE_FIX,
+    "unique_dim_consecutive": _UNIQUE_FIX,
+    "bincount": "scatter_add_ into a tensor of fixed length made before capture",
+    "_to_sparse": _SPARSE_FIX,
+    "_to_sparse_csr": _SPARSE_FIX,
+    "_to_sparse_csc": _SPARSE_FIX,
+    "_to_sparse_bsr": _SPARSE_FIX,
+    "_to_sparse_bsc": _SPARSE_FIX,
+}
+_MASK_FIX = "keep the shape: torch.where(mask, x, fill), x.masked_fill(mask, value), or nonzero_static"
+# Indexing ops that turn a boolean (or uint8) mask into indices with ``nonzero`` first.
+_INDEX_OPS = frozenset(["index"])
+_INDEX_PUT_OPS = frozenset(["index_put", "index_put_", "_index_put_impl_"])
 # Ops whose input is a host-made tensor the dispatcher has not seen before (``torch.tensor``):
 # the storage is new, so it belongs to the capture, not to the caller.
 _FRESH_INPUT_OPS = frozenset(["lift_fresh", "lift_fresh_copy"])
+# Sparse layouts: the accessors of their compressed and plain index tensors.
+_COMPRESSED_LAYOUTS = {
+    torch.sparse_csr: ("crow_indices", "col_indices"),
+    torch.sparse_bsr: ("crow_indices", "col_indices"),
+    torch.sparse_csc: ("ccol_indices", "row_indices"),
+    torch.sparse_bsc: ("ccol_indices", "row_indices"),
+}
 
 
 def sanitize_enabled(flag: bool | None = None) -> bool:
@@ -62,22 +105,76 @@ def op_name(func: Any) -> str:
     return str(func) if hasattr(func, "_schema") else repr(func)
 
 
-def check_host_readback(func: Any, args: tuple | None = None) -> None:
-    """Raise like a real capture would if ``func`` copies a device value to the host.
+def host_readback_error(what: str, why: str, fix: str, emulated: bool = False) -> HostReadbackError:
+    """The error for a host read-back during capture: ``what`` did it, ``why`` it needs the
+    host, ``fix`` what to do instead; ``emulated``: refused by the CPU emulator, where every
+    tensor stands for a device tensor."""
+    where = (" (On the CPU graph emulator every tensor stands for a device tensor: a tensor that "
+             "stays on the host on a GPU machine may be read there, but the graph keeps the value "
+             "it read at capture, so read it before capturing.)") if emulated else ""
+    return HostReadbackError(
+        f"{what} {why} during graph capture; a real CUDA/HIP capture fails here (the stream "
+        f"is only being recorded, so nothing can be read back from it), and a replay could "
+        f"not follow a value read once at capture. Fix: {fix}.{where}"
+    )
 
-    With ``args`` (real graphs), only a read-back of a non-CPU tensor counts: ``.item()`` of a
-    CPU tensor is legal during a CUDA capture. Without (the emulator, whose CPU tensors stand in
-    for device tensors), every read-back counts.
+
+def check_host_readback(func: Any, args: tuple = (), kwargs: dict | None = None, emulated: bool = False) -> None:
+    """Raise :class:`HostReadbackError` like a real capture would if ``func`` copies a device
+    value to the host, or makes an output whose size depends on device values.
+
+    On real graphs (``emulated=False``) only ops on a non-CPU tensor count: ``.item()`` of a
+    CPU tensor is legal during a CUDA capture. On the emulator every tensor stands for a device
+    tensor, so every read-back counts.
     """
-    base = getattr(getattr(func, "_schema", None), "name", "").split("::")[-1]
-    if base not in _HOST_READBACK_OPS:
+    schema = getattr(func, "_schema", None)
+    if schema is None:
         return
-    if args is None or any(t.device.type != "cpu" for t in _tensors(args)):
-        raise GraphSafetyError(
-            f"op '{op_name(func)}' reads a device value back to the host during graph capture "
-            f"(.item(), bool(tensor), nonzero, printing); a real CUDA/HIP capture fails here. "
-            f"Fix: plan host-side values before capture (backend.plan) or keep them on device."
-        )
+    base = schema.name.split("::")[-1]
+    kwargs = kwargs or {}
+    why, fix = "reads a device value back to the host", _HOST_READBACK_OPS.get(base)
+    if fix is None:
+        why, fix = "makes an output whose size depends on device values", _data_dependent_fix(
+            base, schema.overload_name, args, kwargs, emulated)
+    if fix is None:
+        return
+    if emulated or any(t.device.type != "cpu" for t in _tensors((args, kwargs))):
+        raise host_readback_error(f"op '{op_name(func)}'", why, fix, emulated)
+
+
+def _data_dependent_fix(base: str, overload: str, args: tuple, kwargs: dict, emulated: bool) -> str | None:
+    """The fix for an op whose output size depends on values in these arguments, or None."""
+    if base in _DATA_DEPENDENT_OPS:
+        return _DATA_DEPENDENT_OPS[base]
+    if base == "repeat_interleave" and overload in ("Tensor", "self_Tensor"):
+        if kwargs.get("output_size") is None:
+            return "pass repeat_interleave(..., output_size=N) (a fixed-size result)"
+        return None
+    if base not in _INDEX_OPS and base not in _INDEX_PUT_OPS:
+        return None
+    indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+    masks = [i for i in indices or () if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)]
+    if not masks:
+        return None
+    if base in _INDEX_PUT_OPS and _masked_fill_path(args, kwargs, indices, emulated):
+        return None
+    return _MASK_FIX
+
+
+def _masked_fill_path(args: tuple, kwargs: dict, indices: Any, emulated: bool) -> bool:
+    """True when ATen runs ``x[mask] = value`` as ``masked_fill_`` (no read-back): one mask as
+    the only index tensor, no accumulation, a one-element host value (``canDispatchToMaskedFill``).
+    On the emulator a one-element value stands for the host scalar Python indexing makes."""
+    value = args[2] if len(args) > 2 else kwargs.get("values")
+    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    tensors = [i for i in indices if isinstance(i, torch.Tensor)]
+    return (
+        not accumulate
+        and len(tensors) == 1
+        and isinstance(value, torch.Tensor)
+        and value.numel() == 1
+        and (emulated or value.device.type == "cpu")
+    )
 
 
 def arg_names(func: Any, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
@@ -92,9 +189,67 @@ def _storage_of(t: torch.Tensor) -> torch.UntypedStorage | None:
     if t.device.type == "meta" or t.layout != torch.strided:
         return None
     try:
-        return t.untyped_storage()
+        st = t.untyped_storage()
+        st.data_ptr()  # a wrapper subclass has a storage object that holds no memory
     except (RuntimeError, NotImplementedError):  # tensor subclasses without storage
         return None
+    return st
+
+
+def tensor_parts(t: torch.Tensor) -> list[tuple[str, torch.Tensor]] | None:
+    """The tensors that hold the memory of a composite tensor, each with a label suffix, or
+    ``None`` for a plain (strided) tensor: a wrapper subclass's inner tensors
+    (``__tensor_flatten__``, as FP8 and quantised-weight wrappers implement it), a sparse
+    tensor's indices and values. The kernels an op on ``t`` launches read these addresses."""
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        return [(f".{n}", getattr(t, n)) for n in names]
+    if t.layout == torch.sparse_coo:
+        return [("._indices()", t._indices()), ("._values()", t._values())]
+    accessors = _COMPRESSED_LAYOUTS.get(t.layout)
+    if accessors is not None:
+        return [(f".{a}()", getattr(t, a)()) for a in accessors] + [(".values()", t.values())]
+    return None
+
+
+def _untrackable(t: torch.Tensor, op: str, arg: str) -> UntrackableTensorError:
+    kind = type(t).__name__ if type(t) is not torch.Tensor else f"layout {t.layout}"
+    return UntrackableTensorError(
+        f"argument '{arg}' of op '{op}' is a {kind} tensor whose memory a graph capture cannot "
+        f"see: it has no storage of its own and does not say which tensors hold its data, so "
+        f"the capture could not check that they stay alive (a real graph replays their "
+        f"addresses). Fix: implement __tensor_flatten__/__tensor_unflatten__ on the subclass "
+        f"(torch's traceable wrapper-subclass protocol, which torch.compile also needs), or "
+        f"pass the plain tensors it wraps to the captured function."
+    )
+
+
+def _strided_storage(t: torch.Tensor, op: str, arg: str) -> torch.UntypedStorage | None:
+    """``t``'s storage; ``None`` if it holds no memory (meta, fake); raises
+    :class:`UntrackableTensorError` for memory it cannot name (a wrapper subclass without
+    ``__tensor_flatten__``, nested or other layouts)."""
+    if t.device.type == "meta":
+        return None
+    if t.layout != torch.strided or t.is_nested:
+        raise _untrackable(t, op, arg)
+    try:
+        st = t.untyped_storage()
+        if st.device.type == "meta":  # a fake tensor (tracing): no memory behind it
+            return None
+        st.data_ptr()
+    except (RuntimeError, NotImplementedError):
+        raise _untrackable(t, op, arg) from None  # the cause only says "invalid python storage"
+    return st
+
+
+def _leaf_tensors(t: torch.Tensor, op: str, arg: str) -> list[tuple[str, torch.Tensor, torch.UntypedStorage]]:
+    """Every plain tensor holding ``t``'s memory with its label and storage (``t`` itself for a
+    plain tensor, the parts of a composite one, recursively); none for meta tensors."""
+    parts = tensor_parts(t)
+    if parts is None:
+        st = _strided_storage(t, op, arg)
+        return [] if st is None else [(arg, t, st)]
+    return [leaf for suffix, p in parts for leaf in _leaf_tensors(p, op, arg + suffix)]
 
 
 @dataclass
@@ -163,6 +318,61 @@ class WeakTensor:
         return t.set_(st, self.offset, self.size, self.stride)
 
 
+@dataclass
+class CompositeTensor:
+    """A composite tensor (wrapper subclass, sparse layout) held as its parts, each graph-owned
+    (the tensor), a :class:`WeakTensor` or a :class:`CompositeTensor`; never the tensor itself,
+    which would keep borrowed parts alive. A wrapper re-pointed at new parts after capture is
+    rebuilt on the captured ones, as a real graph replays the captured addresses.
+
+    Attributes:
+        kind: ``"wrapper"`` (rebuilt by ``__tensor_unflatten__``), ``"coo"`` or ``"compressed"``.
+        cls, layout, size, stride: what the rebuilt tensor needs.
+        parts: the parts, in ``tensor_parts`` order.
+        meta: a wrapper's ``(attribute names, flatten context)``; a COO tensor's coalesced flag.
+    """
+
+    kind: str
+    cls: type
+    layout: torch.layout
+    size: tuple[int, ...]
+    stride: tuple[int, ...] | None
+    parts: list[Any]
+    meta: Any = None
+
+    def revive(self, cache: dict[int, torch.UntypedStorage] | None = None) -> torch.Tensor:
+        """The tensor rebuilt on the captured parts (raises if a borrowed one was freed or moved)."""
+        parts = [p.revive(cache) if isinstance(p, (WeakTensor, CompositeTensor)) else p for p in self.parts]
+        if self.kind == "wrapper":
+            names, ctx = self.meta
+            return self.cls.__tensor_unflatten__(dict(zip(names, parts)), ctx, self.size, self.stride)
+        if self.kind == "coo":
+            return torch.sparse_coo_tensor(*parts, self.size, is_coalesced=self.meta, check_invariants=False)
+        return torch.sparse_compressed_tensor(*parts, self.size, layout=self.layout, check_invariants=False)
+
+
+def _composite(t: torch.Tensor, parts: list[Any]) -> CompositeTensor:
+    """A :class:`CompositeTensor` for ``t`` holding ``parts`` (``tensor_parts`` order)."""
+    size = tuple(t.shape)
+    if is_traceable_wrapper_subclass(t):
+        names, ctx = t.__tensor_flatten__()
+        try:
+            stride = tuple(t.stride())
+        except (RuntimeError, NotImplementedError):  # layouts without strides (jagged)
+            stride = None
+        return CompositeTensor("wrapper", type(t), t.layout, size, stride, parts, (names, ctx))
+    if t.layout == torch.sparse_coo:
+        return CompositeTensor("coo", type(t), t.layout, size, None, parts, t.is_coalesced())
+    return CompositeTensor("compressed", type(t), t.layout, size, None, parts)
+
+
+def _only_held_by(st: torch.UntypedStorage, holders: int) -> bool:
+    """True when nothing but ``holders`` references (tensors and storage objects the caller
+    holds) keeps ``st`` alive: no tensor made before the op shares it."""
+    use_count = getattr(torch._C, "_storage_Use_Count", None)
+    return use_count is None or use_count(st._cdata) <= holders  # a torch without it: as before
+
+
 class StorageTracker:
     """Classifies the tensors captured ops touch: graph-owned (pool) or borrowed (weak).
 
@@ -196,31 +406,61 @@ class StorageTracker:
         return WeakTensor(rec, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
 
     def observe(self, func: Any, args: tuple, kwargs: dict, out: Any) -> dict[int, WeakTensor]:
-        """Classify one op's tensors; returns ``{id(tensor): WeakTensor}`` for borrowed ones."""
+        """Classify one op's tensors; returns ``{id(tensor): WeakTensor}`` for borrowed ones
+        (for a composite tensor, its borrowed parts, keyed by part).
+
+        An output storage is graph-owned only when it is provably fresh: no input's storage,
+        and referenced by nothing but this op's outputs. An op that returns memory something
+        else still holds (a backend's workspace kept on an attribute, returned by a custom
+        op) borrows it, so it is checked like any other borrowed buffer.
+
+        Raises:
+            UntrackableTensorError: a tensor whose memory it cannot see (a wrapper subclass
+                without ``__tensor_flatten__``, a nested or other unknown layout).
+        """
         name = op_name(func)
         base = name.split(".")[1] if "." in name else name
         inputs: set[int] = set()
         weak: dict[int, WeakTensor] = {}
+        keep = []  # parts stay alive until classified, so their ids stay distinct
         for arg, value in arg_names(func, args, kwargs):
             for i, t in enumerate(_tensors(value)):
-                st = _storage_of(t)
-                if st is None:
-                    continue
-                if base in _FRESH_INPUT_OPS:
-                    self.add_pool(st)
-                inputs.add(st._cdata)
-                if not self.is_pool(st):
-                    label = arg if not isinstance(value, (list, tuple)) else f"{arg}[{i}]"
-                    weak[id(t)] = self.borrow(t, st, name, label)
-        for t in _tensors(out):
-            st = _storage_of(t)
-            if st is None:
-                continue
-            if st._cdata not in inputs:
-                self.add_pool(st)  # a fresh allocation made by the captured op
-            if not self.is_pool(st):  # a view or in-place result on a borrowed storage
-                weak[id(t)] = self.borrow(t, st, name, "result")
+                label = arg if not isinstance(value, (list, tuple)) else f"{arg}[{i}]"
+                leaves = _leaf_tensors(t, name, label)
+                keep.append(leaves)
+                for lbl, p, st in leaves:
+                    if base in _FRESH_INPUT_OPS:
+                        self.add_pool(st)
+                    inputs.add(st._cdata)
+                    if not self.is_pool(st):
+                        weak[id(p)] = self.borrow(p, st, name, lbl)
+        outs = [(t, _leaf_tensors(t, name, "result")) for t in _tensors(out)]
+        # Per output storage: the output tensors and storage objects on it (its fresh refs).
+        holders: dict[int, set[int]] = {}
+        for t, leaves in outs:
+            for _, p, st in leaves:
+                holders.setdefault(st._cdata, set()).update((id(p), id(st)))
+        for t, leaves in outs:
+            # A composite's parts are also held by the composite itself (a sparse accessor even
+            # returns a new alias), so for them only the input test applies.
+            plain = len(leaves) == 1 and leaves[0][1] is t
+            for lbl, p, st in leaves:
+                fresh = st._cdata not in inputs and (not plain or _only_held_by(st, len(holders[st._cdata])))
+                if fresh:
+                    self.add_pool(st)  # a fresh allocation made by the captured op
+                if not self.is_pool(st):  # a view, in-place result, or memory held elsewhere
+                    weak[id(p)] = self.borrow(p, st, name, lbl)
         return weak
+
+    def hold(self, t: torch.Tensor, op: str, arg: str) -> Any:
+        """How a recording keeps tensor ``t`` of an op :meth:`observe` classified: ``t`` itself
+        when graph-owned (or without memory), a :class:`WeakTensor` when borrowed, a
+        :class:`CompositeTensor` for a wrapper subclass or sparse tensor."""
+        parts = tensor_parts(t)
+        if parts is None:
+            st = _strided_storage(t, op, arg)
+            return t if st is None or self.is_pool(st) else self.borrow(t, st, op, arg)
+        return _composite(t, [self.hold(p, op, arg + suffix) for suffix, p in parts])
 
     def assign_names(self, names: dict[int, str]) -> None:
         """Attach buffer names (``{storage cdata: name}``) to borrowed storages lacking one."""
@@ -266,7 +506,7 @@ class CaptureSanitizer(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        check_host_readback(func, args)
+        check_host_readback(func, args, kwargs)
         out = func(*args, **kwargs)
         self.tracker.observe(func, args, kwargs, out)
         return out
@@ -288,14 +528,26 @@ def collect_buffer_names(roots: Iterable[tuple[str, Any]], depth: int = 4) -> di
     names: dict[int, str] = {}
     for label, obj in walk_objects(roots, depth, descend=lambda o: not isinstance(o, GrowOnlyBuffer)):
         if isinstance(obj, torch.Tensor):
-            st = _storage_of(obj)
-            if st is not None:
-                names.setdefault(st._cdata, label)
+            for part_label, part in _named_parts(label, obj):
+                st = _storage_of(part)
+                if st is not None:
+                    names.setdefault(st._cdata, part_label)
         elif isinstance(obj, GrowOnlyBuffer):
             st = _storage_of(obj.tensor)
             if st is not None:
                 names[st._cdata] = obj.name  # the buffer's own name beats any path
     return names
+
+
+def _named_parts(label: str, t: torch.Tensor, depth: int = 4) -> list[tuple[str, torch.Tensor]]:
+    """``t`` with its label, or a composite tensor's parts labelled ``label.part``."""
+    try:
+        parts = tensor_parts(t) if depth > 0 else None
+    except (RuntimeError, NotImplementedError, AttributeError):  # names are best effort
+        parts = None
+    if parts is None:
+        return [(label, t)]
+    return [named for suffix, p in parts for named in _named_parts(label + suffix, p, depth - 1)]
 
 
 def walk_objects(
