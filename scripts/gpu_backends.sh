@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# On a GPU machine: the conformance suite for every backend (native platform, then HIP rules
-# forced with GRAPHATTN_PLATFORM=hip on NVIDIA), then the default `graphattn bench`.
+# On a GPU machine: the conformance suite for every backend, with bf16/fp16 KV and with FP8
+# tokens (native platform, then HIP rules forced with GRAPHATTN_PLATFORM=hip on NVIDIA), then
+# the default `graphattn bench`.
 # Logs, JUnit XML and the bench JSON go to $OUT (default ./gpu-out). Runs every step even when
 # one fails; the exit status is the number of failed steps.
 set -uo pipefail
@@ -26,6 +27,8 @@ step env python -c "import torch, triton; print('torch', torch.__version__, 'tri
 step list python -m graphattn list
 for b in $BACKENDS; do
   step "check-$b" python -m graphattn check --attn-backend "$b" -v --junitxml "$OUT/check-$b.xml"
+  step "check-$b-fp8" python -m graphattn check --attn-backend "$b" --kv-dtype fp8 -v \
+    --junitxml "$OUT/check-$b-fp8.xml"
 done
 if python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() and not torch.version.hip else 1)"; then
   for b in trtllm flashmla; do
