@@ -336,6 +336,22 @@ def test_a_refused_plan_leaves_nothing_for_forward(name):
     assert out.shape == (2, HEADS, 512), f"backend '{name}'"
 
 
+def test_bound_call_refuses_metadata_smaller_than_its_launch():
+    """Metadata made by hand (or for fewer heads) passes check_metadata's configuration
+    compare; the launch it binds must still fit its counter and workspace (the bound call
+    skips the custom ops' checks)."""
+    from graphattn.common.metadata import GraphMetadata
+    from graphattn.kernels import split_plan
+
+    heads = 40  # three 16-head blocks
+    backend = get_backend_class("trtllm")(heads, TOPK, DTYPE)
+    small = split_plan("trtllm", 16, TOPK).metadata_kwargs()  # sized for one head block
+    md = GraphMetadata(4, heads, TOPK, DTYPE, DEVICE, **small)
+    backend.plan(md, indices(2))
+    with expect(ValueError, "counter columns", "make_metadata", who="trtllm"):
+        backend.forward(q_rows(2, heads=heads), kv_pool(), md)
+
+
 def test_trtllm_op_refuses_a_non_zero_counter_under_the_debug_switch(monkeypatch):
     args = _op_args("sparse_mla_trtllm")
     args["counter"][1, 0] = 3
@@ -390,8 +406,9 @@ OP_CASES = {
 @pytest.mark.parametrize("case", list(OP_CASES))
 def test_custom_op(op, case):
     over, exc, words = OP_CASES[case]
+    args = _op_args(op, **over())  # registers the ops
     with expect(exc, *words, who=op):
-        getattr(torch.ops.graphattn, op)(**_op_args(op, **over()))
+        getattr(torch.ops.graphattn, op)(**args)
 
 
 @pytest.mark.parametrize("op", ["sparse_mla_flashmla", "sparse_mla_trtllm"])
@@ -402,6 +419,31 @@ def test_custom_op_workspace(op):
     if op == "sparse_mla_trtllm":
         with expect(TypeError, "counter", "int32", who=op):
             torch.ops.graphattn.sparse_mla_trtllm(**args | dict(counter=args["counter"].long()))
+
+
+@pytest.mark.parametrize("op", ["sparse_mla_flashmla", "sparse_mla_trtllm"])
+@pytest.mark.parametrize("layout", ["heads expanded", "heads-major permuted", "splits overlapping"])
+def test_custom_op_refuses_a_workspace_whose_blocks_overlap(op, layout):
+    """A (row, split)'s partials are one dense [heads, 512] block (the sm_90 kernels store a
+    head block's partials as one run): a workspace that passes the shape checks but whose
+    blocks alias each other would be overrun or overwritten, silently."""
+    args = _op_args(op)
+    rows, heads, splits = args["q"].shape[0], args["q"].shape[1], 2
+    dense_out = torch.empty(rows, splits, heads, 512, device=DEVICE)
+    dense_lse = torch.empty(rows, splits, heads, device=DEVICE)
+    ws_out, ws_lse = {
+        "heads expanded": (torch.empty(rows, splits, 1, 512, device=DEVICE).expand(rows, splits, heads, 512),
+                           dense_lse),
+        "heads-major permuted": (torch.empty(heads, rows, splits, 512, device=DEVICE).permute(1, 2, 0, 3),
+                                 dense_lse),
+        "splits overlapping": (dense_out, torch.empty(rows, 1, heads, device=DEVICE).expand(rows, splits, heads)),
+    }[layout]
+    with expect(ValueError, "workspace strides", "dense", who=f"{op} {layout}"):
+        getattr(torch.ops.graphattn, op)(**args | dict(ws_out=ws_out, ws_lse=ws_lse))
+    from graphattn.kernels import checks
+
+    checks.check_workspace(op, args["q"], dense_out, dense_lse)  # dense blocks pass
+    checks.check_workspace(op, args["q"], dense_out[:, :1], dense_lse[:, :1])  # a slice of splits too
 
 
 @pytest.mark.parametrize("op", ["sparse_mla_flashmla", "sparse_mla_trtllm"])

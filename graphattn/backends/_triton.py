@@ -222,4 +222,25 @@ class TritonBackend(AttentionBackend):
         if rows > metadata.capacity:
             return None
         plan = self.launch_plan(metadata, rows, aligned)
-        return self._binds[plan.spec.name](plan, *self._fixed_args(metadata, rows, plan.workspace_splits, plan.spec))
+        args = self._fixed_args(metadata, rows, plan.workspace_splits, plan.spec)
+        self._check_room(plan, args)
+        return self._binds[plan.spec.name](plan, *args)
+
+    def _check_room(self, plan: LaunchPlan, args: list[Any]) -> None:
+        """Refuse metadata whose counter or workspace is smaller than ``plan`` writes (made by
+        hand, or by another backend's ``make_metadata``): the bound call skips the custom ops'
+        checks, and a kernel would write past the buffers. Once per bound call."""
+        rest = args[2:]
+        if plan.spec.uses_counter:
+            counter, rest = rest[0], rest[1:]
+            if counter.shape[1] < plan.head_blocks:
+                self._room_error(f"{counter.shape[1]} counter columns a row", f"{plan.head_blocks} (one a head block)")
+        if plan.spec.uses_workspace and plan.workspace_splits:
+            ws_out = rest[0]
+            if ws_out.shape[1] < plan.workspace_splits or ws_out.shape[2] < plan.heads:
+                self._room_error(f"workspace partials of {ws_out.shape[1]} splits x {ws_out.shape[2]} heads",
+                                 f"{plan.workspace_splits} splits x {plan.heads} heads")
+
+    def _room_error(self, has: str, needs: str) -> None:
+        raise ValueError(f"{self.name}: the metadata holds {has}, this launch needs {needs}; make "
+                         f"the metadata with this backend's make_metadata(max_rows)")

@@ -6,6 +6,8 @@ rejects bad inputs the same way an eager call does.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..common.kv_layout import TOKEN_BYTES, check_fp8_kv, is_fp8_kv
@@ -103,7 +105,30 @@ def check_workspace(path: str, q: torch.Tensor, ws_out: torch.Tensor, ws_lse: to
         )
     if ws_out.stride(-1) != 1 or ws_lse.stride(-1) != 1:
         raise ValueError(f"{path}: workspace needs a contiguous last dim (stride 1); {fix}")
+    if not (_dense_blocks(ws_out, (D_V,)) and _dense_blocks(ws_lse, ())):
+        # The partials of a (row, split) are one block of heads x 512 (the sm_90 kernels store a
+        # head block's partials as one run from its first head): expanded or permuted
+        # workspaces would make programs overrun or overwrite each other's.
+        raise ValueError(
+            f"{path}: workspace strides {ws_out.stride()} / {ws_lse.stride()} for shapes "
+            f"{_shape(ws_out)} / {_shape(ws_lse)}: each (row, split) needs its own dense "
+            f"[heads, {D_V}] / [heads] block; {fix}"
+        )
     check_devices(path, q, ws_out=ws_out, ws_lse=ws_lse)
+
+
+def _dense_blocks(t: torch.Tensor, inner: tuple[int, ...]) -> bool:
+    """``t [rows, splits, heads, *inner]`` (last dim stride 1): heads dense over ``inner``, and
+    no two (row, split) blocks overlapping (rows and splits may be slices of larger ones)."""
+    if t.numel() == 0:  # no splits: the launch writes out directly
+        return True
+    rows, splits, heads = t.shape[:3]
+    block = heads * math.prod(inner)
+    if heads > 1 and t.stride(2) != math.prod(inner):
+        return False
+    if splits > 1 and t.stride(1) < block:
+        return False
+    return rows <= 1 or t.stride(0) >= (splits * t.stride(1) if splits > 1 else block)
 
 
 def check_counter(path: str, q: torch.Tensor, counter: torch.Tensor, head_blocks: int) -> None:
