@@ -3,7 +3,9 @@
 * ``graphattn list``: every registered backend, whether it can run here (and why not), and its
   capabilities on this platform.
 * ``graphattn check --attn-backend NAME [--junitxml PATH]``: the conformance suite on a backend
-  (``pytest --pyargs graphattn.testing`` underneath); the exit code is pytest's.
+  (``pytest --pyargs graphattn.testing`` underneath); the exit code is pytest's, except that a
+  run that checked nothing (a named backend, or every backend, with each selected case skipped)
+  is one line and exit code 2.
 * ``graphattn bench``: the synthetic DeepSeek-like decode benchmark (``graphattn.bench.decode``).
 * ``graphattn env``: versions, device, platform and backends, for bug reports.
 
@@ -11,6 +13,11 @@ Every bad input (an option, ``GRAPHATTN_PLATFORM``, ``GRAPHATTN_ATTN_BACKEND``, 
 refuses the configuration or does not import) ends in one line on stderr,
 ``graphattn <command>: error: ...``, and exit code 2, as argparse does for its own errors.
 ``pkg.module:Class`` backends resolve against the current directory, as under ``python -m``.
+
+``graphattn bench`` exit codes: 0 every check ok, 1 a check MISMATCH, 2 a bad input (also a
+``--json`` file that cannot be written at the end), 3 a ``--tp`` rank failed (one line names
+the rank and its error; ``--log-level DEBUG`` logs its traceback), 4 out of memory during the
+run, 130 interrupted (SIGINT, or SIGTERM to a ``--tp`` launcher: the ranks are stopped).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import shlex
 import sys
 from typing import NoReturn, Sequence
@@ -27,6 +35,11 @@ from . import __version__
 from .common.argtypes import file_path, positive_int
 
 PLUGIN = "graphattn.testing.plugin"
+EXIT_MISMATCH = 1  # bench: a sampled output differs from the reference (check: pytest's 1)
+EXIT_USAGE = 2  # a bad input: one line on stderr
+EXIT_RUN_FAILED = 3  # bench --tp: a rank raised or died
+EXIT_OUT_OF_MEMORY = 4  # bench: an allocation failed during the run
+EXIT_INTERRUPTED = 130  # bench: SIGINT (or SIGTERM to a --tp launcher)
 DTYPES = ("float16", "bfloat16", "float32")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -69,7 +82,12 @@ def _check_backend_names(values: list[str]) -> None:
     """``graphattn check``'s names: ``all``, registered names, loadable ``pkg.module:Class``."""
     from .backends.registry import backend_names, is_class_path, load_error
 
-    for name in filter(None, (n.strip() for v in values for n in v.split(","))):
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    if values and not names:  # --attn-backend "" or ",": checking nothing is not a pass
+        given = " ".join(repr(v) for v in values)
+        raise UsageError(f"argument --attn-backend: expected a backend name ('all', a registered name or "
+                         f"'pkg.module:Class'), got {given}")
+    for name in names:
         if name != "all" and name not in backend_names() and not is_class_path(name):
             valid = ", ".join(["all"] + backend_names())
             raise UsageError(f"argument --attn-backend: Unknown attention backend: '{name}'. Valid options are: {valid}")
@@ -146,22 +164,113 @@ def pytest_args(args: argparse.Namespace) -> list[str]:
     return out + list(args.pytest_args)
 
 
+class CaseTally:
+    """A pytest plugin object: per backend, the conformance cases that ran and the reasons of
+    those skipped (``graphattn check`` fails a run that checked nothing)."""
+
+    def __init__(self) -> None:
+        self.backend_of: dict[str, str] = {}
+        self.ran: dict[str, int] = {}
+        self.skipped: dict[str, list[str]] = {}
+
+    def pytest_itemcollected(self, item) -> None:
+        case = getattr(getattr(item, "callspec", None), "params", {}).get("graphattn_case")
+        if case is not None:
+            self.backend_of[item.nodeid] = case.backend
+
+    def pytest_runtest_logreport(self, report) -> None:
+        backend = self.backend_of.get(report.nodeid)
+        if backend is None:
+            return
+        if report.skipped:
+            longrepr = report.longrepr
+            reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+            self.skipped.setdefault(backend, []).append(reason.removeprefix("Skipped: "))
+        elif report.when == "call" or report.failed:
+            self.ran[backend] = self.ran.get(backend, 0) + 1
+
+    def idle(self, named: list[str]) -> list[str]:
+        """Backends of ``named`` whose selected cases were all skipped, each with why; with
+        ``named`` empty (``all``, the default set), every backend, but only when no case ran."""
+        if not named:  # all / the default set: backends that cannot run here skip, unless all do
+            if any(self.ran.values()):
+                return []
+            named = list(self.skipped)
+        out = []
+        for name in dict.fromkeys(named):
+            if self.ran.get(name) or not self.skipped.get(name):
+                continue
+            reasons = list(dict.fromkeys(re.sub(r"^backend '[^']*' refuses this configuration: ", "", r)
+                                         for r in self.skipped[name]))
+            shown = "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more reasons" if len(reasons) > 3 else "")
+            out.append(f"backend '{name}' checked nothing: all {len(self.skipped[name])} selected cases were "
+                       f"skipped: {shown}")
+        return out
+
+
 def cmd_check(args: argparse.Namespace) -> int:
-    """Run the conformance suite on the chosen backend(s); returns pytest's exit code."""
+    """Run the conformance suite on the chosen backend(s); returns pytest's exit code, or 2
+    when a named backend (or every backend) had each of its selected cases skipped."""
     import pytest
+
+    from .testing.plugin import device_platform
 
     _cwd_importable()
     _platform()
     _check_backend_names(args.attn_backend or [])
-    return int(pytest.main(pytest_args(args)))
+    if args.device:
+        try:
+            device_platform(args.device)
+        except pytest.UsageError as exc:
+            raise UsageError("argument --device: " + str(exc).removeprefix("--graphattn-device ")) from None
+    tally = CaseTally()
+    try:
+        code = int(pytest.main(pytest_args(args), plugins=[tally]))
+    except OSError as exc:  # pytest writes the JUnit XML at the end (a full disk, a path gone)
+        if not args.junitxml:
+            raise
+        raise UsageError(f"argument --junitxml: could not write {args.junitxml!r}: {exc}") from None
+    named = [n.strip() for v in args.attn_backend or [] for n in v.split(",") if n.strip()]
+    idle = tally.idle([] if "all" in named else named)
+    if idle:
+        print(f"{args.parser.prog}: error: " + "; ".join(idle), file=sys.stderr, flush=True)
+        return EXIT_USAGE if code == 0 else code
+    return code
 
 
 # -- bench --------------------------------------------------------------------------------------
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run the decode benchmark (see :mod:`graphattn.bench.decode`): 0 when every sampled output
-    matches the reference, 1 otherwise."""
+    matches the reference, 1 otherwise; 3 a ``--tp`` rank failed, 4 out of memory, 130
+    interrupted (each with one line on stderr)."""
+    from .bench.decode import is_out_of_memory
+
+    try:
+        return _bench(args)
+    except KeyboardInterrupt:
+        return _error(args, "interrupted by SIGINT", EXIT_INTERRUPTED)
+    except (MemoryError, RuntimeError) as exc:
+        if not is_out_of_memory(exc):
+            raise
+        return _error(args, f"out of memory during the run: {_first_line(exc)}; make --pool-tokens, "
+                      "--batch-sizes, --heads or --measure-layers smaller", EXIT_OUT_OF_MEMORY)
+
+
+def _error(args: argparse.Namespace, message: str, code: int) -> int:
+    """Print ``graphattn <command>: error: message`` (one line); return ``code``."""
+    print(f"{args.parser.prog}: error: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = lines[0] if lines else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _bench(args: argparse.Namespace) -> int:
     from .backends.report import environment
-    from .bench.decode import format_report, progress, run_bench
+    from .bench.decode import format_report, progress, run_bench, write_report
     from .bench.options import request_from_args
 
     _cwd_importable()
@@ -176,9 +285,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     env = environment(__version__, req.workload.num_heads // req.tp, req.workload.topk, req.workload.dtype)
     if req.tp > 1:
-        from .bench.tp import format_tp_report, run_tp
+        from .bench.tp import Interrupted, RankFailed, format_tp_report, run_tp
 
-        report, fmt = run_tp(req), format_tp_report
+        try:
+            report, fmt = run_tp(req), format_tp_report
+        except RankFailed as exc:
+            return _error(args, str(exc), EXIT_OUT_OF_MEMORY if exc.out_of_memory else EXIT_RUN_FAILED)
+        except Interrupted as exc:
+            return _error(args, str(exc), EXIT_INTERRUPTED)
         if report is None:  # a torchrun rank other than 0: rank 0 prints the report
             return 0
     else:
@@ -186,10 +300,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     report = {"command": {"line": args.command_line, "cwd": os.getcwd()}, "env": env, **report}
     print(fmt(report))
     if req.json_path:
-        with open(req.json_path, "w") as f:
-            json.dump(report, f, indent=2)
+        try:
+            write_report(req.json_path, report)
+        except OSError as exc:
+            raise UsageError(f"argument --json: could not write {req.json_path!r}: "
+                             f"{exc.strerror or exc}") from None
         progress(f"wrote {req.json_path}")
-    return 0 if report["ok"] else 1
+    return 0 if report["ok"] else EXIT_MISMATCH
 
 
 # -- env ----------------------------------------------------------------------------------------

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import functools
 import gc
+import json
+import math
 import statistics
 import sys
 import time
@@ -26,7 +28,7 @@ from ..backends.base import kv_kwargs
 from ..common.platform import Platform, current_platform
 from ..common.reference import sparse_mla_reference
 from ..common.tolerances import tolerance
-from ..graphs import GraphRunner, eager_on_graph
+from ..graphs import GraphRunner, eager_on_graph, sanitize_enabled
 from .host import default_calls, default_repeats, host_cost
 from .workload import H200_BYTES_PER_S, H200_FLOP_PER_S, DecodeWorkload, make_generator
 
@@ -104,7 +106,7 @@ class ModeBench:
     """One mode's setup: backend, its own metadata, the KV pools, the step function."""
 
     def __init__(self, mode: str, backend, wl: DecodeWorkload, kv: list[torch.Tensor],
-                 platform: Platform, sanitize: bool):
+                 platform: Platform, sanitize: bool | None):
         self.mode, self.backend, self.wl, self.kv, self.platform = mode, backend, wl, kv, platform
         self.metadata = backend.make_metadata(wl.max_rows)  # one metadata per runner
         # A break only in breakable mode; replays write into the captured outputs (no copy)
@@ -223,9 +225,30 @@ class ModeBench:
             got = outs[layer][:n].double()
             err = (got - ref).abs()
             ok &= bool((err <= tol.atol + tol.rtol * ref.abs()).all())
-            worst = max(worst, float(err.max()))
+            worst = nan_max(worst, float(err.max()))
         return {"mode": self.mode, "rows": rows, "ok": ok, "max_abs_err": worst,
                 "atol": tol.atol, "rtol": tol.rtol}
+
+
+_OOM_TEXT = ("out of memory", "can't allocate memory", "cannot allocate memory", "outofmemoryerror",
+             "memoryerror", "not enough memory")
+
+
+def is_out_of_memory(error: BaseException | str) -> bool:
+    """True for an allocation failure: ``torch.OutOfMemoryError``, ``MemoryError``, or an
+    allocator's ``RuntimeError`` (``DefaultCPUAllocator: can't allocate memory``, ``CUDA out of
+    memory``, HIP's); a string is an exception's text (a spawned rank's last line)."""
+    if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    text = str(error) if isinstance(error, RuntimeError) else error if isinstance(error, str) else ""
+    text = text.lower()
+    return any(t in text for t in _OOM_TEXT)
+
+
+def nan_max(a: float, b: float) -> float:
+    """``max(a, b)`` where a NaN wins: Python's ``max(0.0, nan)`` is ``0.0``, which reported a
+    NaN-returning backend's error as 0 (its check still failed: NaN is never within tolerance)."""
+    return math.nan if math.isnan(a) or math.isnan(b) else max(a, b)
 
 
 # -- the whole run --------------------------------------------------------------------------------
@@ -258,12 +281,13 @@ def default_timing(platform: Platform) -> dict[str, int]:
 
 
 def run_bench(wl: DecodeWorkload, backend_name: str, modes: tuple[str, ...], iters: int, warmup: int,
-              sanitize: bool = False, check: bool = True, peaks: tuple | None = None,
+              sanitize: bool | None = None, check: bool = True, peaks: tuple | None = None,
               platform: Platform | None = None, window: int | None = None) -> dict[str, Any]:
     """Run the benchmark; returns the report (see ``--json``).
 
     Each point is the median over samples of ``window`` steps (``iters`` steps in all; the
-    platform's default window when ``None``).
+    platform's default window when ``None``). ``sanitize``: check the graphs' borrowed buffers
+    before each replay; ``None`` leaves it to ``GRAPHATTN_SANITIZE`` (off when unset).
     """
     platform = platform or current_platform()
     cls = resolve_backend(backend_name, wl.num_heads, wl.dtype, wl.topk, platform, wl.kv_dtype)
@@ -275,6 +299,7 @@ def run_bench(wl: DecodeWorkload, backend_name: str, modes: tuple[str, ...], ite
     kv = wl.make_kv(platform.device, make_generator(platform.device, wl.seed))
     window = min(window or default_timing(platform)["window"], iters)
     report = new_report(cls, backend_name, platform, wl, iters, warmup, window, peaks)
+    report["sanitize"] = sanitize_enabled(sanitize)  # --sanitize or GRAPHATTN_SANITIZE
     new_bench = functools.partial(ModeBench, backend=backend, wl=wl, kv=kv, platform=platform, sanitize=sanitize)
     host = functools.partial(_host_costs, backend, wl, kv[0], platform)
     run_modes(report, new_bench, wl, modes, iters, warmup, window, peaks, check, host)
@@ -372,6 +397,36 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"check [{where}{c['mode']}, {c['rows']} rows]: {'ok' if c['ok'] else 'MISMATCH'} "
                      f"(max abs err {c['max_abs_err']:.2e}; atol {c['atol']}, rtol {c['rtol']}{tp})")
     return "\n".join(lines)
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every non-finite float replaced by the string ``"nan"``, ``"inf"`` or
+    ``"-inf"`` (JSON has no NaN or Infinity; ``float()`` reads the strings back)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def report_json(report: Any) -> str:
+    """``report`` as strict JSON text (non-finite floats as strings: :func:`json_safe`)."""
+    return json.dumps(json_safe(report), indent=2, allow_nan=False, default=str)
+
+
+def write_report(path: str, report: Any) -> None:
+    """Write :func:`report_json` of ``report`` to ``path`` (serialised first, so that a report
+    that cannot be serialised leaves no partial file).
+
+    Raises:
+        OSError: the file cannot be written (a full disk, a path that went away).
+    """
+    text = report_json(report)
+    with open(path, "w") as f:
+        f.write(text)
+        f.write("\n")
 
 
 def _human_bytes(n: int) -> str:

@@ -18,13 +18,13 @@ check the benchmark, not to read numbers. ``--json PATH`` writes the results.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Any, Callable
 
 import torch
 
+from ..common.argtypes import new_file, positive_int
 from ..common.metadata import GraphMetadata
 from ..common.platform import Platform, current_platform
 from ..graphs import BreakableGraph, GraphRunner, default_buckets, eager_on_graph
@@ -117,7 +117,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     device = platform.device
     dtype = torch.bfloat16 if platform.has_gpu else torch.float32
     step = Step(args.max_rows, args.heads, args.dim, args.out_dim, dtype, device)
-    rows = min(args.rows, args.max_rows)
+    rows = args.rows
+    if rows > args.max_rows:
+        raise ValueError(f"rows ({rows}) must be <= max_rows ({args.max_rows})")
     q = torch.randn(rows, args.heads, args.dim, dtype=dtype, device=device)
     us = 1e6
     res: dict[str, Any] = {"platform": platform.describe(), "rows": rows, "iters": args.iters}
@@ -188,26 +190,59 @@ def report(res: dict[str, Any]) -> str:
     return head + "\n".join(lines)
 
 
+PROG = "python -m graphattn.bench.graphs"
+PADDED_HEADS = 64  # Step pads q to this many heads
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    gpu = current_platform().has_gpu
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=int, default=64, help="rows of the replayed step")
-    p.add_argument("--max-rows", type=int, default=256 if gpu else 24, help="largest bucket")
-    p.add_argument("--heads", type=int, default=16 if gpu else 4)
-    p.add_argument("--dim", type=int, default=576 if gpu else 32, help="q/kv width")
-    p.add_argument("--out-dim", type=int, default=512 if gpu else 16)
-    p.add_argument("--iters", type=int, default=200 if gpu else 20)
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    return p.parse_args(argv)
+    """The command line, checked before anything runs (a bad value: one line, exit code 2)."""
+    from ..cli import Parser  # errors on one line, exit code 2
+
+    p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
+    try:
+        gpu = current_platform().has_gpu
+    except ValueError as exc:  # GRAPHATTN_PLATFORM names no platform
+        p.error(str(exc))
+    p.add_argument("--rows", type=positive_int, default=None,
+                   help="rows of the replayed step, <= --max-rows (default: 64, or --max-rows if smaller)")
+    p.add_argument("--max-rows", type=positive_int, default=256 if gpu else 24, help="largest bucket")
+    p.add_argument("--heads", type=positive_int, default=16 if gpu else 4, help=f"query heads (<= {PADDED_HEADS})")
+    p.add_argument("--dim", type=positive_int, default=576 if gpu else 32, help="q/kv width")
+    p.add_argument("--out-dim", type=positive_int, default=512 if gpu else 16)
+    p.add_argument("--iters", type=positive_int, default=200 if gpu else 20)
+    p.add_argument("--json", metavar="PATH", type=new_file, help="also write the results as JSON")
+    args = p.parse_args(argv)
+    if args.rows is None:
+        args.rows = min(64, args.max_rows)
+    elif args.rows > args.max_rows:
+        p.error(f"argument --rows: must be <= --max-rows ({args.max_rows}), got {args.rows}")
+    if args.heads > PADDED_HEADS:
+        p.error(f"argument --heads: must be <= {PADDED_HEADS} (the step pads q to {PADDED_HEADS} heads), "
+                f"got {args.heads}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    res = run(args)
+    try:
+        res = run(args)
+    except (MemoryError, RuntimeError) as exc:
+        from .decode import is_out_of_memory
+
+        if not is_out_of_memory(exc):
+            raise
+        print(f"{PROG}: error: out of memory: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
+        return 4
     print(report(res))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2, default=str)
+        from .decode import write_report
+
+        try:
+            write_report(args.json, res)
+        except OSError as exc:
+            print(f"{PROG}: error: argument --json: could not write {args.json!r}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 2
     return 0
 
 

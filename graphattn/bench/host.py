@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ..backends import get_backend_class
+from ..common.argtypes import folder_path, positive_int, positive_int_list
 from ..common.platform import Platform, current_platform
 from .workload import DecodeWorkload, make_generator
 
@@ -32,7 +33,13 @@ def host_cost(backend, wl: DecodeWorkload, kv: torch.Tensor, rows: int, platform
               calls: int, profile: str | None = None, repeats: int = 1) -> dict[str, Any]:
     """Host µs per ``plan`` and per ``forward`` of ``backend`` at ``rows`` rows (see module doc):
     the best of ``repeats`` timings of ``calls`` back-to-back calls each (a host shared with
-    other work gives the same point up to 1.5x apart between repeats; the best is the cost)."""
+    other work gives the same point up to 1.5x apart between repeats; the best is the cost).
+
+    Raises:
+        ValueError: ``calls`` or ``repeats`` below 1 (no timing: a negative or missing cost).
+    """
+    if calls < 1 or repeats < 1:
+        raise ValueError(f"host_cost needs calls >= 1 and repeats >= 1, got calls={calls}, repeats={repeats}")
     md = backend.make_metadata(rows)
     gen = make_generator(platform.device, wl.seed + 31 + rows)
     q = wl.make_q(rows, platform.device, gen)[0]
@@ -41,7 +48,7 @@ def host_cost(backend, wl: DecodeWorkload, kv: torch.Tensor, rows: int, platform
     for _ in range(min(calls, 10)):  # compile, memoise the plan, warm the allocator
         backend.forward(q, kv, md)
     plan_s = host_s = wall_s = float("inf")
-    for _ in range(max(1, repeats)):
+    for _ in range(repeats):
         platform.synchronize()
         t0 = time.perf_counter()
         for _ in range(calls):
@@ -57,7 +64,7 @@ def host_cost(backend, wl: DecodeWorkload, kv: torch.Tensor, rows: int, platform
     if profile:
         _profile_forward(backend, q, kv, md, calls, platform, profile)
     return {"backend": backend.name, "heads": backend.num_heads, "rows": rows, "calls": calls,
-            "repeats": max(1, repeats), "plan_us": plan_s * 1e6, "forward_host_us": host_s * 1e6,
+            "repeats": repeats, "plan_us": plan_s * 1e6, "forward_host_us": host_s * 1e6,
             "forward_wall_us": wall_s * 1e6}
 
 
@@ -100,33 +107,64 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _ints(text: str) -> list[int]:
-    values = [int(v) for v in text.split(",") if v]
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers like 1,8, got {text!r}")
-    return values
+def _backend_names(text: str) -> list[str]:
+    """``--backends``: comma-separated registered names or ``pkg.module:Class`` paths that load."""
+    from ..backends.registry import load_error
+
+    names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated backend names, got {text!r}")
+    for name in names:
+        error = load_error(name)
+        if error:
+            raise argparse.ArgumentTypeError(error)
+    return names
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Platform, DecodeWorkload]:
+    """The command line, checked against each other and this platform before anything runs:
+    ``(args, platform, base workload)``; a bad value exits with one line and code 2."""
+    from ..cli import Parser  # errors on one line, exit code 2
+
+    p = Parser(prog="python -m graphattn.bench.host", description=__doc__.split("\n")[0])
+    p.add_argument("--backends", type=_backend_names, default=["flashmla", "trtllm", "flashmla_mega", "torch"],
+                   help="comma-separated backends (default: flashmla,trtllm,flashmla_mega,torch)")
+    p.add_argument("--heads", type=positive_int_list, default=(16, 128))
+    p.add_argument("--rows", type=positive_int_list, default=(1, 8))
+    p.add_argument("--topk", type=positive_int, default=None, help="default: the platform's workload top-k")
+    p.add_argument("--calls", type=positive_int, default=None, help="calls per timing (default: 200 on a GPU)")
+    p.add_argument("--repeats", type=positive_int, default=None,
+                   help="timings per point, best kept (default: 5 on a GPU)")
+    p.add_argument("--profile", metavar="DIR", type=folder_path, default=None,
+                   help="also write a cProfile of each point's forward calls into DIR")
+    args = p.parse_args(argv)
+    try:
+        platform = current_platform()
+    except ValueError as exc:  # GRAPHATTN_PLATFORM names no platform
+        p.error(str(exc))
+    base = DecodeWorkload.default_for(platform)
+    topk = args.topk or base.topk
+    if topk > base.pool_tokens:
+        p.error(f"argument --topk: must be <= {base.pool_tokens}, the pool's tokens, got {topk}")
+    from ..backends.registry import refusal_reasons
+
+    for name in args.backends:
+        for heads in args.heads:
+            reasons = refusal_reasons(name, heads, base.dtype, topk, platform)
+            if reasons:
+                p.error(f"argument --backends: {name} at --heads {heads}: {'; '.join(reasons)}")
+    return args, platform, base
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m graphattn.bench.host", description=__doc__.split("\n")[0])
-    p.add_argument("--backends", default="flashmla,trtllm,flashmla_mega,torch")
-    p.add_argument("--heads", type=_ints, default=[16, 128])
-    p.add_argument("--rows", type=_ints, default=[1, 8])
-    p.add_argument("--topk", type=int, default=None, help="default: the platform's workload top-k")
-    p.add_argument("--calls", type=int, default=None, help="calls per timing (default: 200 on a GPU)")
-    p.add_argument("--repeats", type=int, default=None, help="timings per point, best kept (default: 5 on a GPU)")
-    p.add_argument("--profile", metavar="DIR", default=None,
-                   help="also write a cProfile of each point's forward calls into DIR")
-    args = p.parse_args(argv)
-    platform = current_platform()
-    base = DecodeWorkload.default_for(platform)
+    args, platform, base = parse_args(argv)
     calls = args.calls or default_calls(platform)
     results = []
     for heads in args.heads:
         wl = DecodeWorkload(num_heads=heads, topk=args.topk or base.topk, pool_tokens=base.pool_tokens,
                             batch_sizes=tuple(args.rows), num_layers=1, measure_layers=1, dtype=base.dtype)
         kv = wl.make_kv(platform.device, make_generator(platform.device, wl.seed))[0]
-        for name in args.backends.split(","):
+        for name in args.backends:
             backend = get_backend_class(name)(heads, wl.topk, wl.dtype, platform=platform)
             for rows in args.rows:
                 results.append(host_cost(backend, wl, kv, rows, platform, calls, args.profile,

@@ -19,8 +19,11 @@ from ..backends import AUTO, add_attn_backend_arg, load_error, resolve_backend
 from ..backends.registry import env_default_note
 from ..common.argtypes import choice_list, new_file, non_negative_int, positive_float, positive_int
 from ..common.argtypes import positive_int_list, seed
-from ..common.kv_layout import resolve_kv_dtype
+from ..common.kv_layout import KV_FP8, TOKEN_BYTES, kv_dtype_name, resolve_kv_dtype
+from ..common.metadata import D_QK, D_V
 from ..common.platform import Platform
+from ..common.validation import check_indices_default
+from ..graphs.sanitizer import sanitize_enabled
 from .decode import MODES, default_timing, platform_peaks
 from .workload import DecodeWorkload
 
@@ -71,7 +74,7 @@ class BenchRequest:
     iters: int
     warmup: int
     window: int
-    sanitize: bool = False
+    sanitize: bool | None = None  # None: GRAPHATTN_SANITIZE decides (off when unset)
     check: bool = True
     peaks: tuple[float, float, str] | None = None
     json_path: str | None = None
@@ -127,6 +130,10 @@ def request_from_args(args: argparse.Namespace, platform: Platform) -> BenchRequ
     wl = workload_from_args(args, platform)
     tp = getattr(args, "tp", 1)
     check_tp(tp, wl.num_heads, "the default" if args.heads is None else None, platform)
+    # The debug switches the run reads, checked now rather than at the first plan() or capture.
+    check_indices_default()  # GRAPHATTN_CHECK_INDICES
+    sanitize = args.sanitize or None  # --sanitize, else GRAPHATTN_SANITIZE
+    sanitize_enabled(sanitize)
     name = args.attn_backend
     if name != AUTO:
         error = load_error(name)
@@ -142,10 +149,11 @@ def request_from_args(args: argparse.Namespace, platform: Platform) -> BenchRequ
     if args.peak_bw is not None or args.peak_flops is not None:
         bw, fl, _ = platform_peaks(platform, wl.dtype)
         peaks = (args.peak_bw or bw, args.peak_flops or fl, "command line")
+    check_memory(wl, tp, platform)
     return BenchRequest(
         workload=wl, backend=name, modes=args.modes, iters=iters,
         warmup=args.warmup if args.warmup is not None else timing["warmup"],
-        window=min(timing["window"], iters), sanitize=args.sanitize, check=not args.no_check,
+        window=min(timing["window"], iters), sanitize=sanitize, check=not args.no_check,
         peaks=peaks, json_path=args.json, platform=platform, tp=tp,
     )
 
@@ -162,7 +170,11 @@ def check_tp(tp: int, heads: int, heads_note: str | None, platform: Platform) ->
         raise ValueError(f"--heads ({heads_s}) must be a multiple of --tp ({tp}): each rank takes "
                          f"heads / tp heads; pick a --tp that divides {heads}")
     world = os.environ.get("WORLD_SIZE")
-    if world is not None and world.isdigit() and int(world) > 1 and int(world) != tp:
+    torchrun = world is not None and "RANK" in os.environ
+    # Under torchrun every WORLD_SIZE must match (a world of 1 with --tp 2 ran one rank with all
+    # the heads); elsewhere a stray WORLD_SIZE > 1 still says the launch is not what --tp says.
+    if world is not None and (torchrun or (world.strip().isdigit() and int(world) > 1)) \
+            and world.strip() != str(tp):
         raise ValueError(f"--tp ({tp}) must equal torchrun's WORLD_SIZE ({world}): under torchrun each "
                          f"process is one rank; run torchrun --nproc-per-node {tp}, or pass --tp {world}")
     if tp > 1 and platform.has_gpu:
@@ -170,3 +182,87 @@ def check_tp(tp: int, heads: int, heads_note: str | None, platform: Platform) ->
         if world is None and tp > gpus:
             raise ValueError(f"--tp {tp} needs {tp} GPUs (one per rank), this process sees {gpus}; "
                              f"use --tp {gpus} or fewer, or check CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES")
+
+
+# -- memory -----------------------------------------------------------------------------------------
+def rank_bytes(wl: DecodeWorkload, tp: int) -> dict[str, int]:
+    """A lower bound of what one rank allocates at once, by what sets it (the KV pools, the
+    random draw that picks each row's top-k, one step's q and outputs). The backend's own
+    buffers, the reference check and the graphs come on top."""
+    elt = torch.empty((), dtype=wl.dtype).element_size()
+    rows, heads = wl.max_rows, wl.num_heads
+    fp8 = kv_dtype_name(wl.kv_dtype) == KV_FP8
+    kv = wl.measure_layers * wl.pool_tokens * (TOKEN_BYTES if fp8 else D_QK * elt)
+    if fp8:  # each pool is drawn in float32, then quantised
+        kv += wl.pool_tokens * D_QK * 4
+    return {
+        "KV pools (--pool-tokens x --measure-layers)": kv,
+        "top-k draw (--batch-sizes x --pool-tokens)": rows * wl.pool_tokens * 4,  # float32 keys per row
+        "q and outputs (--batch-sizes x --heads x --measure-layers)":
+            wl.measure_layers * rows * (heads * D_QK * elt + heads // tp * (D_V * elt + 4)),
+    }
+
+
+def memory_limit(platform: Platform, tp: int) -> tuple[int, str] | None:
+    """``(bytes, what)``: the most one rank can allocate here: a GPU's total memory (the
+    smallest of the ranks' GPUs), or on the CPU the host's available memory shared by the
+    ranks that run on it. ``None`` when it cannot be read."""
+    try:
+        if platform.has_gpu:
+            if tp == 1 or "RANK" in os.environ:  # this process's GPU (bind_local_rank set it)
+                devices = [torch.cuda.current_device()]
+            else:  # spawned ranks: cuda:0 .. cuda:tp-1
+                devices = list(range(tp))
+            total = min(torch.cuda.get_device_properties(i).total_memory for i in devices)
+            return total, f"the GPU's total memory ({_human(total)})"
+        available = _host_available_bytes()
+        if available is None:
+            return None
+        ranks = tp if "RANK" not in os.environ else int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        share = available // max(ranks, 1)
+        what = f"the host's available memory ({_human(available)}" + (
+            f", shared by {ranks} ranks)" if ranks > 1 else ")")
+        return share, what
+    except (RuntimeError, OSError, ValueError, AssertionError):
+        return None
+
+
+def _host_available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(wl: DecodeWorkload, tp: int, platform: Platform) -> None:
+    """Refuse a workload whose inputs alone cannot fit (:func:`rank_bytes` against
+    :func:`memory_limit`), instead of an allocator traceback after setup.
+
+    Raises:
+        ValueError: naming the options that set the size and what they need.
+    """
+    limit = memory_limit(platform, tp)
+    if limit is None:
+        return
+    parts = rank_bytes(wl, tp)
+    need = sum(parts.values())
+    if need <= limit[0]:
+        return
+    detail = ", ".join(f"{k} {_human(v)}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v)
+    raise ValueError(f"the workload needs at least {_human(need)} per rank ({detail}), more than "
+                     f"{limit[1]}; make --pool-tokens, --batch-sizes, --heads or --measure-layers smaller")
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"

@@ -45,9 +45,15 @@ import functools
 import gc
 import importlib
 import json
+import logging
+import multiprocessing
 import os
+import pickle
+import signal
 import sys
 import tempfile
+import threading
+import time
 import weakref
 from typing import Any, Callable
 
@@ -61,7 +67,9 @@ from ..common.metadata import D_V
 from ..common.platform import Platform, current_platform
 from ..common.reference import sparse_mla_reference
 from ..common.tolerances import Tolerance, tolerance
-from .decode import CHECK_ROWS, ModeBench, format_report, new_report, platform_peaks, run_modes, set_progress_tag
+from ..graphs import sanitize_enabled
+from .decode import CHECK_ROWS, ModeBench, format_report, is_out_of_memory, nan_max, new_report, platform_peaks
+from .decode import run_modes, set_progress_tag
 from .options import BenchRequest
 from .workload import DecodeWorkload, make_generator
 
@@ -105,7 +113,7 @@ class TPModeBench(ModeBench):
     per layer. ``wl`` is the rank's workload (``heads / tp`` heads), ``full_wl`` the model's."""
 
     def __init__(self, mode: str, *, backend, wl: DecodeWorkload, kv: list[torch.Tensor], platform: Platform,
-                 sanitize: bool, rank: int, full_wl: DecodeWorkload, weights: list[torch.Tensor], hidden: int):
+                 sanitize: bool | None, rank: int, full_wl: DecodeWorkload, weights: list[torch.Tensor], hidden: int):
         # Set before ModeBench builds the step and the static inputs from them.
         self.rank, self.full_wl, self.weights, self.hidden = rank, full_wl, weights, hidden
         self.head0 = rank * wl.num_heads  # this rank's first head
@@ -170,7 +178,7 @@ class TPModeBench(ModeBench):
             ):
                 err = (got.double() - want).abs()
                 ok &= bool((err <= atol + rtol * want.abs()).all())
-                worst[name] = max(worst[name], float(err.max()))
+                worst[name] = nan_max(worst[name], float(err.max()))
         return {"mode": self.mode, "rows": rows, "rank": self.rank, "ok": ok, "max_abs_err": worst["attention"],
                 "atol": tol.atol, "rtol": tol.rtol, "projection_max_abs_err": worst["projection"],
                 "single_process_max_abs_err": worst["single_process"]}
@@ -212,7 +220,7 @@ def run_rank(req: BenchRequest, platform: Platform, rank: int, tp: int) -> dict[
     peaks = req.peaks or platform_peaks(platform, wl.dtype)
     window = min(req.window, req.iters)
     report = new_report(cls, req.backend, platform, wl_rank, req.iters, req.warmup, window, peaks)
-    report.update(rank=rank, device=str(platform.device))
+    report.update(rank=rank, device=str(platform.device), sanitize=sanitize_enabled(req.sanitize))
     dev, hidden = platform.device, hidden_size(platform)
     kv = wl.make_kv(dev, make_generator(dev, wl.seed))  # the same seed: every rank holds the whole cache
     weights = [projection(wl, i, dev, hidden).narrow(0, rank * heads * D_V, heads * D_V).contiguous()
@@ -225,9 +233,11 @@ def run_rank(req: BenchRequest, platform: Platform, rank: int, tp: int) -> dict[
 
 
 def run_rank_process(rank: int, local_rank: int, world: int, init: str, req: BenchRequest,
-                     launcher: str) -> dict[str, Any] | None:
+                     launcher: str, failure_note: str | None = None) -> dict[str, Any] | None:
     """Make the process group, run this rank, gather every rank's report; returns the combined
-    report on rank 0, ``None`` elsewhere."""
+    report on rank 0, ``None`` elsewhere. ``failure_note``: a file where an exception's time and
+    traceback are written before the group is torn down (the launcher names the rank that
+    failed first: the others fail after it, their collectives cut)."""
     set_progress_tag(f"graphattn bench rank {rank}")
     platform, device = current_platform(), None
     if platform.has_gpu:
@@ -238,6 +248,7 @@ def run_rank_process(rank: int, local_rank: int, world: int, init: str, req: Ben
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # the ranks share the cores
     backend = dist_backend(platform)
     init_group(backend, init, rank, world, device)
+    done = False
     try:
         # The first collective creates NCCL's communicator: never inside a capture.
         dist.all_reduce(torch.zeros(1, device=platform.device))
@@ -248,8 +259,14 @@ def run_rank_process(rank: int, local_rank: int, world: int, init: str, req: Ben
         # Every rank past its last collective before any rank tears its group down (a peer's
         # closed sockets must not meet a collective still in flight here).
         dist.barrier()
+        done = True
+    except Exception:
+        if failure_note:
+            _write_failure_note(failure_note)
+        raise
     finally:
-        destroy_group(rank)
+        # After an error the exception's frames hold the group: no warning about that then.
+        destroy_group(rank, warn=done)
     if rank != 0:
         return None
     return combine_reports(reports, req, {"world_size": world, "dist_backend": backend, "launcher": launcher})
@@ -270,17 +287,20 @@ def init_group(backend: str, init: str, rank: int, world: int, device: torch.dev
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=world, device_id=device)
 
 
-def destroy_group(rank: int) -> bool:
+def destroy_group(rank: int, warn: bool = True) -> bool:
     """``dist.destroy_process_group()``, then check that it freed the default group (its backend
     joins its threads and closes its sockets then, while the interpreter is whole). A group that
     something still holds lives on until the interpreter's exit tears it down, which gloo survives
     only by luck (an abort, "terminate called without an active exception"): that is said on
-    stderr. Returns True when the group is gone."""
+    stderr (unless ``warn`` is False: a rank failing, whose traceback holds the group). Returns
+    True when the group is gone."""
     group = weakref.ref(dist.group.WORLD)
     dist.destroy_process_group()
     gc.collect()
     if group() is None:
         return True
+    if not warn:
+        return False
     print(f"graphattn bench rank {rank}: warning: the process group outlived destroy_process_group() "
           f"(still held by {_holders(group())}); its threads and sockets end only at interpreter exit",
           file=sys.stderr, flush=True)
@@ -295,11 +315,51 @@ def _holders(obj: Any) -> str:
     return f"{n} reference{'s' * (n != 1)}; tracked referrers: {', '.join(kinds) or 'none'}"
 
 
+def _write_failure_note(path: str) -> None:
+    import traceback
+
+    try:
+        with open(path, "w") as f:
+            json.dump({"time_ns": time.time_ns(), "traceback": traceback.format_exc()}, f)
+    except OSError:
+        pass  # the launcher falls back to what torch reports
+
+
+def _failure_note(result_path: str, rank: int) -> str:
+    return os.path.join(os.path.dirname(result_path), f"failed-rank{rank}.json")
+
+
 def _spawned(rank: int, req: BenchRequest, init: str, result_path: str) -> None:
-    report = run_rank_process(rank, rank, req.tp, init, req, "spawn")
+    report = run_rank_process(rank, rank, req.tp, init, req, "spawn", _failure_note(result_path, rank))
     if report is not None:
         with open(result_path, "w") as f:
             json.dump(report, f)
+
+
+class RankFailed(RuntimeError):
+    """A spawned rank raised (``summary``: its exception's last line; ``details``: its
+    traceback) or died (``summary``: its signal or exit code)."""
+
+    def __init__(self, rank: int, summary: str, details: str = ""):
+        super().__init__(f"rank {rank} failed: {summary}")
+        self.rank, self.summary, self.details = rank, summary, details
+
+    @property
+    def out_of_memory(self) -> bool:
+        """True when the rank ran out of (device or host) memory."""
+        return is_out_of_memory(self.summary)
+
+
+class Interrupted(Exception):
+    """The launcher got SIGINT or SIGTERM; the ranks were stopped (``signal_name``)."""
+
+    def __init__(self, signal_name: str, ranks: int):
+        super().__init__(f"interrupted by {signal_name}: stopped {ranks} rank{'s' * (ranks != 1)}")
+        self.signal_name = signal_name
+
+
+STOP_GRACE_S = 5.0  # after SIGTERM, how long the ranks get before SIGKILL
+_log = logging.getLogger(__name__)
 
 
 def run_tp(req: BenchRequest) -> dict[str, Any] | None:
@@ -307,6 +367,11 @@ def run_tp(req: BenchRequest) -> dict[str, Any] | None:
 
     Returns the combined report (:func:`combine_reports`) where rank 0 runs or was spawned;
     ``None`` in the other torchrun ranks.
+
+    Raises:
+        RankFailed: a spawned rank raised or died (the others are stopped).
+        Interrupted: SIGINT or SIGTERM reached this process: the spawned ranks are terminated
+            (then killed after :data:`STOP_GRACE_S`) and the temporary folder removed.
     """
     if under_torchrun():
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -314,10 +379,96 @@ def run_tp(req: BenchRequest) -> dict[str, Any] | None:
     child = dataclasses.replace(req, platform=None)  # each process resolves its own platform
     with tempfile.TemporaryDirectory(prefix="graphattn-tp-") as tmp:
         result = os.path.join(tmp, "report.json")
-        mp.spawn(_spawned, args=(child, f"file://{os.path.join(tmp, 'rendezvous')}", result),
-                 nprocs=req.tp, join=True)
+        notes = [_failure_note(result, r) for r in range(req.tp)]
+        _spawn_and_join(req.tp, (child, f"file://{os.path.join(tmp, 'rendezvous')}", result), notes)
         with open(result) as f:
             return json.load(f)
+
+
+def _spawn_and_join(nprocs: int, args: tuple, notes: list[str]) -> None:
+    """Start the ranks and wait for them (see :func:`run_tp`'s exceptions): ``mp.spawn`` with
+    ``join=True`` left its non-daemon ranks running when the launcher alone was interrupted."""
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise Interrupted("SIGTERM", 0)
+
+    main_thread = threading.current_thread() is threading.main_thread()  # signal.signal works there only
+    old_handlers = {}
+    if main_thread:
+        old_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        signal.signal(signal.SIGTERM, on_sigterm)
+    # torch logs "Terminating process N via signal SIGTERM" for each rank it stops after a
+    # failure: the one line of RankFailed says what happened.
+    spawn_log = logging.getLogger("torch.multiprocessing.spawn")
+    old_level = spawn_log.level
+    spawn_log.setLevel(logging.ERROR)
+    context = None
+    try:
+        context = mp.start_processes(_spawned, args=args, nprocs=nprocs, join=False, start_method="spawn")
+        while not context.join(timeout=1.0):
+            pass
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+        raise _rank_failure(context, exc, notes) from None
+    except (KeyboardInterrupt, Interrupted) as exc:
+        name = exc.signal_name if isinstance(exc, Interrupted) else "SIGINT"
+        procs = context.processes if context is not None else multiprocessing.active_children()
+        if main_thread:  # a second signal must not cut the stopping short
+            for sig in old_handlers:
+                signal.signal(sig, signal.SIG_IGN)
+        _stop(procs)
+        raise Interrupted(name, len(procs)) from None
+    finally:
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+        spawn_log.setLevel(old_level)
+        for path in (context.error_files if context is not None else []):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def _stop(procs: list) -> None:
+    """SIGTERM every live process, SIGKILL those still alive after :data:`STOP_GRACE_S`."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+        p.join()
+
+
+def _rank_failure(context: Any, exc: Exception, notes: list[str]) -> RankFailed:
+    """The rank that failed first: a rank that died without an exception (its signal or exit
+    code: killed, or the out-of-memory killer), else the earliest of the failure notes the ranks
+    wrote (a rank's peers fail after it, their collectives cut), else of torch's error files."""
+    if isinstance(exc, mp.ProcessExitedException) and not os.path.exists(notes[exc.error_index]):
+        how = f"killed by {exc.signal_name}" if exc.signal_name else f"exited with code {exc.exit_code}"
+        return RankFailed(exc.error_index, how)
+    written = []
+    for rank, path in enumerate(notes):
+        try:
+            with open(path) as f:
+                note = json.load(f)
+            written.append((note["time_ns"], rank, note["traceback"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    for rank, path in enumerate(context.error_files if context is not None and not written else []):
+        try:
+            with open(path, "rb") as fh:
+                written.append((os.stat(path).st_mtime_ns, rank, pickle.load(fh)))
+        except (OSError, EOFError, pickle.UnpicklingError):
+            continue
+    if written:
+        _, rank, trace = min(written)
+        lines = [line for line in str(trace).splitlines() if line.strip()]
+        _log.debug("rank %d failed:\n%s", rank, trace)
+        return RankFailed(rank, lines[-1].strip() if lines else "an exception", str(trace))
+    if isinstance(exc, mp.ProcessExitedException):
+        how = f"killed by {exc.signal_name}" if exc.signal_name else f"exited with code {exc.exit_code}"
+        return RankFailed(exc.error_index, how)
+    return RankFailed(getattr(exc, "error_index", -1), str(exc).strip().splitlines()[-1])
 
 
 # -- the combined report --------------------------------------------------------------------------

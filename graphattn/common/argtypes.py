@@ -79,22 +79,70 @@ def choice_list(choices: tuple[str, ...]):
     return parse
 
 
-def file_path(text: str) -> str:
-    """A file path to write whose missing folders the writer creates: it must not be a folder."""
+def _first_existing(path: str) -> str:
+    """``path`` or its nearest ancestor that exists (``/`` at worst)."""
+    while not os.path.lexists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def _check_writable_file(text: str) -> str:
+    """Refuse an empty path, a folder, and an existing file that cannot be written."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a file path, got {text!r}")
     if os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"{text!r} is a folder; expected a file path inside it")
+    if os.path.lexists(text) and not os.access(text, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not writable")
+    return os.path.abspath(text)
+
+
+def file_path(text: str) -> str:
+    """A file path to write whose missing folders the writer creates: not empty, not a folder,
+    and its nearest existing ancestor is a writable folder (``/etc/passwd/x.xml`` is refused:
+    ``/etc/passwd`` is a file, no folder can be made under it).
+
+    Checked when the command line is parsed, so a long run cannot end in a failed write.
+    """
+    path = _check_writable_file(text)
+    anchor = _first_existing(os.path.dirname(path))
+    if not os.path.isdir(anchor):
+        raise argparse.ArgumentTypeError(f"{anchor!r} in {text!r} is not a folder; pick another path")
+    if not os.access(anchor, os.W_OK):
+        raise argparse.ArgumentTypeError(f"folder {anchor!r} of {text!r} is not writable")
     return text
 
 
 def new_file(text: str) -> str:
-    """A file path to write: its folder must exist and be writable, and it must not be a folder.
+    """A file path to write: its folder must exist and be writable, and it must not be empty or
+    a folder.
 
     Checked when the command line is parsed, so a long run cannot end in a failed write.
     """
-    folder = os.path.dirname(os.path.abspath(file_path(text)))
+    folder = os.path.dirname(_check_writable_file(text))
     if not os.path.isdir(folder):
+        anchor = _first_existing(folder)
+        if os.path.lexists(anchor) and not os.path.isdir(anchor):
+            raise argparse.ArgumentTypeError(f"{anchor!r} in {text!r} is not a folder; pick another path")
         raise argparse.ArgumentTypeError(
             f"folder {folder!r} of {text!r} does not exist; create it first or pick another path")
     if not os.access(folder, os.W_OK):
         raise argparse.ArgumentTypeError(f"folder {folder!r} of {text!r} is not writable")
+    return text
+
+
+def folder_path(text: str) -> str:
+    """A folder to write files into, made if missing: not empty, not a file, and its nearest
+    existing ancestor is a writable folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a folder path, got {text!r}")
+    path = os.path.abspath(text)
+    anchor = _first_existing(path)
+    if not os.path.isdir(anchor):
+        raise argparse.ArgumentTypeError(f"{anchor!r} in {text!r} is not a folder; pick another path")
+    if not os.access(anchor, os.W_OK):
+        raise argparse.ArgumentTypeError(f"folder {anchor!r} of {text!r} is not writable")
     return text

@@ -210,7 +210,8 @@ def selected_backends(option_values: list[str] | None) -> list[str]:
     """Backend names from ``--graphattn-backend`` values, or the default set.
 
     Raises:
-        pytest.UsageError: a name that is unknown or whose class cannot be loaded.
+        pytest.UsageError: a name that is unknown or whose class cannot be loaded, or values
+            that name no backend at all (``""``, ``","``).
     """
     from ..backends import registry
 
@@ -221,6 +222,10 @@ def selected_backends(option_values: list[str] | None) -> list[str]:
         dtype = registry.default_dtype(platform)
         return [n for n in registry.builtin_backends() if not registry.refusal_reasons(n, 16, dtype, 64, platform)]
     names = [n.strip() for v in option_values for n in v.split(",") if n.strip()]
+    if not names:  # --graphattn-backend "" or ",": a run that checks nothing must not pass
+        given = " ".join(repr(v) for v in option_values)
+        raise pytest.UsageError(f"--graphattn-backend: expected a backend name ('all', a registered name or "
+                                f"'pkg.module:Class'), got {given}")
     if "all" in names:
         return registry.backend_names()
     names = list(dict.fromkeys(names))
