@@ -29,10 +29,10 @@ import os
 import re
 import shlex
 import sys
-from typing import NoReturn, Sequence
+from typing import Sequence
 
 from . import __version__
-from .common.argtypes import file_path, positive_int
+from .common.argtypes import Parser, file_path, positive_int
 
 PLUGIN = "graphattn.testing.plugin"
 EXIT_MISMATCH = 1  # bench: a sampled output differs from the reference (check: pytest's 1)
@@ -46,14 +46,6 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 class UsageError(Exception):
     """A bad input found after parsing (environment, backend, workload): one line, exit 2."""
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with its errors on one line (``prog: error: message``), exit code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        """Print ``prog: error: message`` (one line) and exit with code 2."""
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _platform():

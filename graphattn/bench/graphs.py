@@ -196,7 +196,7 @@ PADDED_HEADS = 64  # Step pads q to this many heads
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, checked before anything runs (a bad value: one line, exit code 2)."""
-    from ..cli import Parser  # errors on one line, exit code 2
+    from ..common.argtypes import Parser  # errors on one line, exit code 2
 
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     try:

@@ -124,7 +124,7 @@ def _backend_names(text: str) -> list[str]:
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Platform, DecodeWorkload]:
     """The command line, checked against each other and this platform before anything runs:
     ``(args, platform, base workload)``; a bad value exits with one line and code 2."""
-    from ..cli import Parser  # errors on one line, exit code 2
+    from ..common.argtypes import Parser  # errors on one line, exit code 2
 
     p = Parser(prog="python -m graphattn.bench.host", description=__doc__.split("\n")[0])
     p.add_argument("--backends", type=_backend_names, default=["flashmla", "trtllm", "flashmla_mega", "torch"],

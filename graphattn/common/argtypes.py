@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from typing import NoReturn
 
 
 # Seeds get small offsets added (one generator per batch size); torch takes 64-bit seeds.
@@ -146,3 +147,12 @@ def folder_path(text: str) -> str:
     if not os.access(anchor, os.W_OK):
         raise argparse.ArgumentTypeError(f"folder {anchor!r} of {text!r} is not writable")
     return text
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (``prog: error: message``), exit code 2 (the
+    command line's and the benchmark modules')."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``prog: error: message`` (one line) and exit with code 2."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
