@@ -9,18 +9,10 @@ from typing import ClassVar
 
 import torch
 
+from ..common.buffers import byte_span
 from ..common.kv_layout import TOKEN_BYTES, check_fp8_kv
 from ..common.metadata import D_QK, D_V, GraphMetadata
 from ..common.validation import check_int
-
-
-def _byte_span(t: torch.Tensor) -> tuple[int, int]:
-    """The bytes ``[first, end)`` that ``t``'s elements reach (``(0, 0)`` without elements)."""
-    if t.numel() == 0:
-        return 0, 0
-    first = t.data_ptr()
-    reach = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))  # torch strides are >= 0
-    return first, first + (reach + 1) * t.element_size()
 
 
 class BackendChecks:
@@ -110,7 +102,7 @@ class BackendChecks:
             self._check_overlap(o, lse, q, kv)
 
     def _check_overlap(self, o: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> None:
-        names, spans = ("out", "lse", "q", "kv"), [_byte_span(t) for t in (o, lse, q, kv)]
+        names, spans = ("out", "lse", "q", "kv"), [byte_span(t) for t in (o, lse, q, kv)]
         for i, j in ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3)):
             (a0, a1), (b0, b1) = spans[i], spans[j]
             if a0 < b1 and b0 < a1:

@@ -97,6 +97,19 @@ def release_capture_marks(buffers: Sequence[GrowOnlyBuffer]) -> None:
         buf._captured = False
 
 
+def byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes ``[first, end)`` that tensor ``t``'s elements reach, for any shape, strides and
+    dtype: ``first`` is ``t.data_ptr()`` and ``end`` is one past the last byte of the element
+    furthest from it (gaps between strided elements fall inside; a zero stride adds nothing; a
+    0-dim tensor spans one element). Torch strides are >= 0, so ``first`` is the lowest byte.
+    An empty tensor gives ``(0, 0)``: a range that overlaps no other."""
+    if t.numel() == 0:
+        return 0, 0
+    first = t.data_ptr()
+    reach = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return first, first + (reach + 1) * t.element_size()
+
+
 class PaddingRows:
     """Which leading rows of a padded table may hold live data, so that padding rows are filled
     only where an earlier, larger step wrote: a steady batch size then costs one copy per step,

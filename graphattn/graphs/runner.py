@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import torch
 from torch.utils._pytree import tree_map
 
-from ..common.buffers import PaddingRows
+from ..common.buffers import PaddingRows, byte_span
 from ..common.platform import Platform, current_platform
 from ..common.validation import is_int
 from .breakable import BreakableGraph
@@ -52,12 +52,13 @@ def _extend_plan(metadata: Any) -> Callable[[int], None] | None:
 
 
 def _span(t: torch.Tensor) -> tuple[int, int, int]:
-    """``(first byte, past the last byte, bytes per row)`` of a static input."""
-    lo = t.data_ptr()
+    """``(first byte, past the last byte, bytes per row)`` of a static input; an empty one
+    gives ``(data_ptr, data_ptr, 0)`` (not :func:`byte_span`'s ``(0, 0)``)."""
     if t.numel() == 0:
+        lo = t.data_ptr()
         return lo, lo, 0
-    extent = sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1
-    return lo, lo + extent * t.element_size(), t.stride(0) * t.element_size()
+    lo, hi = byte_span(t)
+    return lo, hi, t.stride(0) * t.element_size()
 
 
 def default_buckets(max_rows: int) -> list[int]:
@@ -298,7 +299,7 @@ class GraphRunner:
                 continue
             if row_bytes <= 0:
                 return largest
-            last = p + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) * t.element_size()
+            last = byte_span(t)[1] - t.element_size()  # the first byte of its furthest element
             top = max(top, (last - lo) // row_bytes + 1)
         return min(top, largest)
 
