@@ -343,6 +343,12 @@ def _check_config_types(who: str, num_heads: Any, dtype: Any, topk: Any, platfor
             raise TypeError(f"{who}: {arg} must be an int, got {value!r} ({type(value).__name__})")
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"{who}: dtype must be a torch.dtype (e.g. torch.bfloat16), got {dtype!r}")
+    check_platform_arg(who, platform)
+
+
+def check_platform_arg(who: str, platform: Any) -> None:
+    """Raise ``TypeError`` unless ``platform`` is a graphattn ``Platform`` or ``None`` (the
+    caller's default, ``current_platform()``); ``who`` names the caller in the message."""
     if platform is not None and not isinstance(platform, Platform):
         raise TypeError(f"{who}: platform must be a graphattn Platform or None, got {platform!r}; "
                         "use graphattn.common.current_platform() or leave it out")

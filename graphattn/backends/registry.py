@@ -25,7 +25,7 @@ import torch
 
 from ..common.kv_layout import KV_AUTO
 from ..common.platform import Platform, current_platform
-from .base import AttentionBackend, kv_kwargs
+from .base import AttentionBackend, check_platform_arg, kv_kwargs
 
 logger = logging.getLogger(__name__)
 
@@ -195,9 +195,7 @@ def available_backends(
 
 
 def _platform(platform: Platform | None, who: str) -> Platform:
-    if platform is not None and not isinstance(platform, Platform):
-        raise TypeError(f"{who}: platform must be a graphattn Platform or None, got {platform!r}; "
-                        "use graphattn.common.current_platform() or leave it out")
+    check_platform_arg(who, platform)
     return platform or current_platform()
 
 
