@@ -413,11 +413,14 @@ def _check_storages(records: tuple[BorrowedStorage, ...]) -> None:
             raise rec.error(problem)
 
 
-def _untracked_message(what: str, maker: str) -> str:
+def _untracked_message(what: str, maker: str, captured: str = "the graph was", before: str = "capturing") -> str:
+    """Why ``what`` (a ``check()``) has nothing to check: ``captured`` names what was captured
+    untracked ("the graph was"; a GraphRunner's "the buckets were"), ``before`` the capture
+    step the fix comes before ("capturing"; a GraphRunner's "capture()")."""
     return (
-        f"{what}: nothing to check: the graph was captured without the capture sanitizer "
+        f"{what}: nothing to check: {captured} captured without the capture sanitizer "
         f"(sanitize=False on a GPU, the default), so no borrowed storage was recorded. Fix: "
-        f"make the {maker} with sanitize=True (or set GRAPHATTN_SANITIZE=1) before capturing."
+        f"make the {maker} with sanitize=True (or set GRAPHATTN_SANITIZE=1) before {before}."
     )
 
 

@@ -27,7 +27,7 @@ from torch.utils._pytree import tree_map
 from ..common.buffers import PaddingRows, byte_span
 from ..common.platform import Platform, current_platform
 from ..common.validation import is_int
-from .breakable import BreakableGraph
+from .breakable import BreakableGraph, _untracked_message
 from .sanitizer import sanitize_enabled
 
 log = logging.getLogger(__name__)
@@ -443,12 +443,9 @@ class GraphRunner:
         """
         for graph in self.graphs.values():
             if not graph.tracking:
-                raise RuntimeError(
-                    "GraphRunner.check(): nothing to check: the buckets were captured without "
-                    "the capture sanitizer (sanitize=False on a GPU, the default), so no "
-                    "borrowed storage was recorded. Fix: make the GraphRunner with "
-                    "sanitize=True (or set GRAPHATTN_SANITIZE=1) before capture()."
-                )
+                raise RuntimeError(_untracked_message(
+                    "GraphRunner.check()", "GraphRunner", captured="the buckets were", before="capture()"
+                ))
             graph.tracker.check()
 
     def held_storages(self) -> list[Any]:
