@@ -3,11 +3,23 @@
 ``check_case(backend, spec, mode)`` is the whole harness; the pytest plugin parametrizes it and
 any test can call it directly. Modes:
 
-* ``eager``: ``plan`` then ``forward`` per step.
+* ``eager``: ``plan`` then ``forward`` per step; where ``forward`` takes ``out``, odd steps pass
+  an out= pair of 0xFF bytes (NaN), which must be written and returned as the very objects.
+  Each step's outputs must be unchanged by the next step's call (they are the call's own, not
+  views of a buffer the backend reuses).
 * ``full``: the step is captured as one graph per bucket by :class:`GraphRunner` (largest first,
   one pool, one metadata); the attention call is captured inline.
-* ``breakable``: the same step, but the attention call is an ``eager_on_graph`` break between two
-  captured segments (the copies before and after it).
+* ``breakable``: the same step, but the attention call is an ``eager_on_graph`` break between
+  captured segments, wired as README and ``graphattn bench`` wire it:
+  ``eager_on_graph(forward, out="out", bind=backend.bind_break)`` (plain ``eager_on_graph(forward)``
+  for a ``forward`` without ``out``), so replays write into the captured outputs. In a spec
+  with ``second_call`` (``decode``) each step calls attention a second time (``-q[:1]``, one
+  row: the next layer) except oversized steps: two breaks, and the first break's outputs must
+  survive the second.
+
+In every mode q and kv must be left bit for bit as they were (and the memory around a strided
+view), a ``strided`` spec passes q and kv as non-contiguous views, and a spec with ``reserve``
+below its largest step runs oversized steps (eagerly, on temporaries) with replays after them.
 
 In graph modes every step also flushes the allocator cache, allocates *victim* tensors filled
 with a sentinel (sized like every tensor the backend and metadata held at capture, so a block
@@ -22,10 +34,11 @@ import zlib
 
 import torch
 
-from ..backends.base import AttentionBackend, GraphSupport, kv_kwargs
+from ..backends.base import AttentionBackend, GraphSupport, accepts_out, kv_kwargs
 from ..common.kv_layout import KV_AUTO
 from ..common.platform import Platform, current_platform
-from .case import CaseContext, assert_matches_reference, check_counter_clean
+from .case import (CaseContext, ResultGuard, Untouched, assert_matches_reference, check_counter_clean,
+                   check_out_written, filled_out_pair)
 from .graph_checks import run_graph_case
 from .specs import MODES, BatchSpec, SuiteShape
 
@@ -99,13 +112,32 @@ def check_case(
 
 
 def _run_eager(ctx: CaseContext) -> None:
+    """Per step: plan, forward (through a NaN-filled ``out=`` pair on odd steps where forward
+    takes ``out``), q and kv unchanged, the previous step's outputs unchanged, the output right."""
     backend, spec = ctx.backend, ctx.spec
-    metadata = backend.make_metadata(spec.max_rows)
-    kv = ctx.kv_cache()  # [pool, 576] or [pool, 656] uint8 FP8 tokens
+    metadata = backend.make_metadata(spec.reserved_rows)
+    kv = ctx.kv_cache()  # [pool, 576] or [pool, 656] uint8 FP8 tokens (a view if strided)
+    kv_guard = Untouched("kv", "token", kv)
+    takes_out = accepts_out(backend.forward)
+    previous: ResultGuard | None = None  # the last step's outputs, as it returned them
     for step, rows in enumerate(spec.steps):
-        q = ctx.query(rows)
+        q = ctx.layout_q(ctx.query(rows))  # a strided view for layout="strided"
         indices = ctx.indices(rows)
         ctx.plan(metadata, indices)
-        out, lse = backend.forward(q, kv, metadata)
-        assert_matches_reference(ctx, step, q, kv, indices, out, lse)
+        q_guard = Untouched("q", "row", q)
+        if takes_out and step % 2:
+            given = filled_out_pair(rows, spec.num_heads, q.dtype, q.device)
+            out, lse = returned = backend.forward(q, kv, metadata, out=given)
+            by, call = "forward(out=...)", "out="
+        else:
+            out, lse = returned = backend.forward(q, kv, metadata)
+            by, call = "forward", ""
+        kv_guard.check(ctx, step, by)
+        q_guard.check(ctx, step, by)
+        if previous is not None:
+            previous.check(ctx, step - 1, f"step {step}'s {by}")
+        if call:
+            check_out_written(ctx, step, given, returned)
+        assert_matches_reference(ctx, step, q, kv, indices, out, lse, call=call)
         check_counter_clean(ctx, metadata, step)
+        previous = ResultGuard(out, lse)

@@ -1,12 +1,14 @@
 """Named batch specs and suite shapes of the conformance suite (and its dtype tolerances, from
 :mod:`graphattn.common.tolerances`).
 
-A :class:`BatchSpec` is one scenario: a head count, a top-k, the index pattern, and the row
-counts of successive steps. In graph modes the steps are replayed in order, so ``(4, 1, 3)``
-shrinks and grows the batch across buckets; a step larger than every bucket runs eagerly (a
-prefill chunk) between replays, which is exactly when a backend that rebinds a captured buffer
-frees it. Two shape sets exist: ``small`` for the CPU (Triton interpreter, emulated graphs) and
-``real`` for GPUs (DeepSeek-like heads and top-k 2048).
+A :class:`BatchSpec` is one scenario: a head count, a top-k, the index pattern, the row
+counts of successive steps, the rows the metadata reserves and the memory layout of q and kv.
+In graph modes the steps are replayed in order, so ``(4, 1, 3)`` shrinks and grows the batch
+across buckets; a step larger than every bucket runs eagerly (a prefill chunk) between replays,
+which is exactly when a backend that rebinds a captured buffer frees it, and a step larger than
+the reserved rows runs eagerly on temporaries (an *oversized* step: README's counter-rebinding
+bug replaces a counter there). Two shape sets exist: ``small`` for the CPU (Triton interpreter,
+emulated graphs) and ``real`` for GPUs (DeepSeek-like heads and top-k 2048).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from ..common.tolerances import TOLERANCES, Tolerance, tolerance  # noqa: F401
 
 MODES = ("eager", "full", "breakable")
+LAYOUTS = ("contiguous", "strided")
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,19 @@ class BatchSpec:
             every token from ``pool // 2`` hold NaN and inf: none may reach any output); ``q``
             (NaN in q: row 0's heads, which attend nothing under ``ragged`` and give out 0 /
             lse -inf, and one head of the last row, whose out and lse must be NaN).
+        reserve: query rows the metadata reserves (``make_metadata``); ``None``: the largest
+            step. Fewer makes the larger steps *oversized* (graph modes reserve at least the
+            largest bucket): they run eagerly on temporaries, and the replays after them must
+            still find every captured buffer where it was.
+        layout: ``contiguous`` (dense q and kv) or ``strided``: q a head slice of a wider q
+            (``[rows, heads + 2, ...]``, heads ``1..heads``) and kv a column slice of a cache
+            with padded rows, both with row padding, everything outside the views NaN (FP8:
+            0xFF bytes); their last dim has stride 1 for backends that declare
+            ``unit_stride_only`` (and FP8 tokens), stride 2 for the others.
+        second_call: in ``breakable`` mode each step calls attention a second time, as a
+            second break (a model's next layer, one row: ``-q[:1]`` on the same plan): each
+            break needs its own out= pair and replay call, and the first one's outputs must
+            survive the second.
     """
 
     name: str
@@ -46,11 +62,25 @@ class BatchSpec:
     steps: tuple[int, ...]
     pattern: str = "random"
     poison: str = "none"
+    reserve: int | None = None
+    layout: str = "contiguous"
+    second_call: bool = False
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"spec {self.name!r}: layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.reserve is not None and self.reserve < 1:
+            raise ValueError(f"spec {self.name!r}: reserve must be >= 1, got {self.reserve}")
 
     @property
     def max_rows(self) -> int:
-        """Rows the metadata must reserve: the largest step (max(max_bs, max_num_tokens))."""
+        """The largest step (max(max_bs, max_num_tokens) of an engine)."""
         return max(self.steps)
+
+    @property
+    def reserved_rows(self) -> int:
+        """Rows the metadata reserves: ``reserve``, else the largest step."""
+        return self.max_rows if self.reserve is None else self.reserve
 
 
 @dataclass(frozen=True)
@@ -78,15 +108,16 @@ class SuiteShape:
 
 
 # CPU: the Triton interpreter runs ~30 ms per program, so rows stay <= 6 and top-k <= 40; still
-# several KV blocks per row (split-KV and the counter are exercised) and a bucket miss (6 > 4).
+# several KV blocks per row (split-KV and the counter are exercised), a bucket miss within the
+# reserved rows (5 > 4) and one past them (6 > 5, oversized), each followed by a replay.
 SMALL = SuiteShape(
     name="small",
     pool_tokens=128,
     buckets=(1, 4),
     specs=(
         BatchSpec("one_row", num_heads=4, topk=8, steps=(1, 1)),
-        BatchSpec("decode", num_heads=16, topk=40, steps=(4, 1, 3)),
-        BatchSpec("prefill_chunk", num_heads=8, topk=24, steps=(2, 6, 1)),
+        BatchSpec("decode", num_heads=16, topk=40, steps=(4, 1, 3), layout="strided", second_call=True),
+        BatchSpec("prefill_chunk", num_heads=8, topk=24, steps=(5, 1, 6, 1), reserve=5),
         BatchSpec("ragged", num_heads=16, topk=40, steps=(3, 4), pattern="ragged"),
         BatchSpec("duplicates", num_heads=8, topk=16, steps=(2, 4), pattern="duplicates"),
         BatchSpec("nan_unselected_kv", num_heads=16, topk=40, steps=(3, 4), pattern="ragged", poison="kv"),
@@ -101,8 +132,9 @@ REAL = SuiteShape(
     buckets=(1, 2, 4, 8, 16, 32, 64),
     specs=(
         BatchSpec("one_row", num_heads=128, topk=2048, steps=(1, 1)),
-        BatchSpec("decode", num_heads=16, topk=2048, steps=(64, 17, 1, 40, 64)),
-        BatchSpec("prefill_chunk", num_heads=64, topk=2048, steps=(8, 300, 3, 300, 33)),
+        BatchSpec("decode", num_heads=16, topk=2048, steps=(64, 17, 1, 40, 64), layout="strided",
+                  second_call=True),
+        BatchSpec("prefill_chunk", num_heads=64, topk=2048, steps=(8, 300, 3, 320, 33), reserve=300),
         BatchSpec("ragged", num_heads=128, topk=2048, steps=(24, 7), pattern="ragged"),
         BatchSpec("duplicates", num_heads=16, topk=2048, steps=(5, 32), pattern="duplicates"),
         BatchSpec("nan_unselected_kv", num_heads=64, topk=2048, steps=(9, 64), pattern="ragged", poison="kv"),
