@@ -332,6 +332,37 @@ def test_q_modified_is_caught(mode):
     expect_failure(QScribbler, "decode", mode, "q modified at row 0")
 
 
+class QNaNPayload(_Base):
+    """Right output, then rewrites q's NaN with another NaN payload (bf16 0x7FFF), as torch's
+    CUDA copies do to a step's q on its way into a graph runner's static input."""
+
+    name = "t_q_nan_payload"
+
+    def forward(self, q, kv, metadata, out=None):
+        o, lse = self._fwd(q, kv, metadata)
+        q.view(torch.int16).masked_fill_(q.isnan(), 0x7FFF)  # a NaN in bf16 and fp16 alike
+        return self._give(o, lse, out)
+
+
+class QNaNOverNumbers(_Base):
+    """Right output, then writes NaN into q's last feature column (numbers before)."""
+
+    name = "t_q_nan_over_numbers"
+
+    def forward(self, q, kv, metadata, out=None):
+        o, lse = self._fwd(q, kv, metadata)
+        q[..., -1] = float("nan")
+        return self._give(o, lse, out)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_q_nan_payload_changed_passes_nan_over_numbers_is_caught(mode):
+    # Any NaN equals any NaN (the GPU runner's copy rewrites bf16 NaN 0x7FC0 as 0x7FFF), but a
+    # NaN where q held a number is a change.
+    check_case(QNaNPayload, SMALL.spec("nan_q"), mode, SMALL)
+    expect_failure(QNaNOverNumbers, "nan_q", mode, "q modified at row 0")
+
+
 # -- 4. outputs that are the call's own ----------------------------------------------------------
 class ReusedOut(_Base):
     """Returns views of one persistent buffer: a later call overwrites an earlier one's result."""

@@ -211,15 +211,27 @@ def check_counter_clean(ctx: CaseContext, metadata: GraphMetadata, step: int) ->
 
 
 # -- inputs left alone --------------------------------------------------------------------------
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s values as ``[dim 0, bytes]`` uint8 (a bitwise view: NaN compares as its bits)."""
-    t = t.contiguous()
-    return t.view(torch.uint8).reshape(t.shape[0], -1)
+# Integer dtypes of each element size: a float tensor viewed as one compares bit for bit.
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_NAN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _snapshot(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``t`` (same shape and dtype) for :func:`_changed_rows`."""
+    return t.detach().clone(memory_format=torch.contiguous_format)
 
 
 def _changed_rows(now: torch.Tensor, saved: torch.Tensor) -> list[int]:
-    """Indices along dim 0 where ``now``'s bits differ from ``saved`` (``[dim 0, bytes]``)."""
-    return (_bytes(now) != saved).any(dim=1).nonzero().flatten().tolist()
+    """Indices along dim 0 where ``now`` differs from its :func:`_snapshot` ``saved`` bit for
+    bit, except that any NaN equals any NaN: torch's CUDA copies (the graph runner's
+    ``_foreach_copy_`` of a step's q into its static input) turn bf16 NaN 0x7FC0 into 0x7FFF,
+    a payload no attention result depends on."""
+    now = now.detach().contiguous()
+    bits = _BITS[now.element_size()]
+    differ = now.view(bits) != saved.view(bits)
+    if now.dtype in _NAN_DTYPES:
+        differ &= ~(now.isnan() & saved.isnan())
+    return differ.reshape(now.shape[0], -1).any(dim=1).nonzero().flatten().tolist()
 
 
 class Untouched:
@@ -235,8 +247,8 @@ class Untouched:
         self.what, self.unit, self.tensor = what, unit, tensor
         base = tensor._base
         self.base = base if base is not None and base.dim() >= 1 else None
-        self.saved = _bytes(tensor).clone()
-        self.saved_base = _bytes(self.base).clone() if self.base is not None else None
+        self.saved = _snapshot(tensor)
+        self.saved_base = _snapshot(self.base) if self.base is not None else None
 
     def _fail(self, where: str, changed: list[int], by: str, around: bool = False) -> None:
         if around:
@@ -313,7 +325,7 @@ class ResultGuard:
 
     def __init__(self, out: torch.Tensor, lse: torch.Tensor):
         self.pair = (out, lse)
-        self.saved = [_bytes(t).clone() for t in self.pair]
+        self.saved = [_snapshot(t) for t in self.pair]
 
     def check(self, ctx: CaseContext, step: int, later: str) -> None:
         """``step``: the step that returned the pair; ``later``: the call that ran since."""

@@ -17,8 +17,8 @@ any test can call it directly. Modes:
   row: the next layer) except oversized steps: two breaks, and the first break's outputs must
   survive the second.
 
-In every mode q and kv must be left bit for bit as they were (and the memory around a strided
-view), a ``strided`` spec passes q and kv as non-contiguous views, and a spec with ``reserve``
+In every mode q and kv must be left bit for bit as they were, any NaN counting as any other (and
+the memory around a strided view), a ``strided`` spec passes q and kv as non-contiguous views, and a spec with ``reserve``
 below its largest step runs oversized steps (eagerly, on temporaries) with replays after them.
 
 In graph modes every step also flushes the allocator cache, allocates *victim* tensors filled
