@@ -633,12 +633,15 @@ def test_wgmma_kernel_only_on_sm90(capability):
 @pytest.mark.parametrize("rows,heads,topk,kv_fp8,kernel,ring,raw", [
     (4, 16, 2048, True, "wgmma_tn", 3, 0),  # one tile a split
     (8, 16, 2048, True, "wgmma_tn", 3, 0),
-    (16, 16, 2048, True, "wgmma_tn", 3, 0),  # four tiles a split: the most the ring takes
+    (8, 16, 4096, True, "wgmma_tn", 0, 1),  # four tiles a split at 16 heads: the raw tile
+    (12, 16, 2048, True, "wgmma_tn", 0, 1),  # three
+    (16, 16, 2048, True, "wgmma_tn", 0, 1),
     (32, 16, 2048, True, "wgmma_tn", 0, 1),  # eight: the raw tile, scores from registers
     (8, 16, 32768, True, "wgmma_tn", 0, 1),
     (512, 16, 2048, True, "wgmma_tn", 0, 1),
     (40, 7, 2077, True, "wgmma_tn", 0, 1),  # 7 of 16 heads, a partial last tile
-    (150, 13, 250, True, "wgmma_tn", 3, 0),  # one split of four tiles (direct), 13 of 16 heads
+    (150, 13, 250, True, "wgmma_tn", 0, 1),  # one split of four tiles (direct), 13 of 16 heads
+    (150, 13, 128, True, "wgmma_tn", 3, 0),  # one split of two tiles (direct): the ring
     (1, 16, 2048, True, "wgmma_tn", 3, 0),  # below TN_MIN_ROWS: FP8 at few rows and a small top-k
     (3, 16, 2048, True, "wgmma_tn", 3, 0),
     (1, 32, 2048, True, "wgmma_tn", 2, 0),  # 32 heads: two ring slots beside q
@@ -658,10 +661,10 @@ def test_sm90_fp8_ring_where_a_split_has_few_tiles(monkeypatch, rows, heads, top
     assert plan.main.kwargs.get("RING", 0) == ring, where
     assert plan.main.kwargs.get("RAW_TILE", 0) == raw, where
     if ring:
-        assert -(-plan.split_len // 64) <= cuda_configs.TN_FP8_RING_MAX_TILES, where
+        assert -(-plan.split_len // 64) <= cuda_configs.TN_FP8_RING_MAX_TILES[plan.main.kwargs["BLOCK_H"]], where
     if raw:
         assert plan.main.kwargs["BLOCK_H"] == 16, where
-        assert -(-plan.split_len // 64) > cuda_configs.TN_FP8_RING_MAX_TILES, where
+        assert -(-plan.split_len // 64) > cuda_configs.TN_FP8_RING_MAX_TILES[16], where
     if kernel == "wgmma_tn":  # the ahead-of-time compile has this launch's constexprs
         want = {k: v for k, v in plan.main.kwargs.items() if k.isupper()}
         assert any(want.items() <= job.items() for job in _sm90_tn_jobs()), where

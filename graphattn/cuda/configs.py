@@ -130,7 +130,7 @@ _WGMMA_TN_TILES = {bh: {**_WGMMA_TILE, "kernel": "wgmma_tn", "BLOCK_H": bh} for 
 WGMMA_SPLIT_COST_BLOCKS = 2  # wgmma_tn (q 18-36 KB, partial 32-64 KB) keeps it: the sweep
 # in docs/benchmarks.md found the resulting split counts best at 16 heads x 4 and 8 rows
 
-# With FP8 tokens, where a split has at most TN_FP8_RING_MAX_TILES KV tiles, the gather fills a
+# With FP8 tokens, where a split has at most TN_FP8_RING_MAX_TILES[block] KV tiles, the gather fills a
 # ring of TN_FP8_RING raw-byte slots (41 KB each: three fit beside q and one bf16 tile at 16
 # heads, two at 32) and both consumers work on every tile, half its dequantisation each
 # (graphattn.kernels.wgmma_tn's RING; the host keys fp8_ring and ring_max_tiles, applied by the
@@ -141,7 +141,10 @@ WGMMA_SPLIT_COST_BLOCKS = 2  # wgmma_tn (q 18-36 KB, partial 32-64 KB) keeps it:
 # products, which one shared tile cannot: 16 x 32 (8) 32.26 -> 32.79, 16 x 8 x 8192 (8) 32.87
 # -> 33.42, 16 x 512 358.9 -> 412.6 (two ring slots: 414.7, so not the gather), 32 x 64 61.44
 # -> 70.26.
-TN_FP8_RING, TN_FP8_RING_MAX_TILES = {16: 3, 32: 2}, 4
+# At 16 heads the raw tile (below) takes splits of more than two tiles: the ring against it
+# (us, FP8, twice alternated, docs/benchmarks.md, twenty-fifth session): 16 x 1 (1 tile) 8.92
+# against 9.75, 16 x 4 (1) 10.38 / 11.16, 16 x 8 (2) 12.66 / 12.96, 16 x 16 (4) 18.35 / 17.56.
+TN_FP8_RING, TN_FP8_RING_MAX_TILES = {16: 3, 32: 2}, {16: 2, 32: 4}
 # With more tiles a split, at 16 heads (TN_FP8_RAW_TILE), the gather fills a raw slot of its
 # own (41 KB) and each consumer loads its tiles from it into registers, frees it, computes the
 # scores from registers and stores its V into its own bf16 tile (graphattn.kernels.wgmma_tn's
@@ -174,7 +177,7 @@ def _tn_fp8(tile: dict[str, Any]) -> dict[str, Any]:
     block = tile["BLOCK_H"]
     raw = {"fp8_raw_tile": 1} if block in TN_FP8_RAW_TILE else {}
     early = {"idx_early_min_heads": TN_FP8_IDX_EARLY_MIN_HEADS[block]} if block in TN_FP8_IDX_EARLY_MIN_HEADS else {}
-    return {**tile, "KV_FP8": 1, "fp8_ring": TN_FP8_RING[block], "ring_max_tiles": TN_FP8_RING_MAX_TILES,
+    return {**tile, "KV_FP8": 1, "fp8_ring": TN_FP8_RING[block], "ring_max_tiles": TN_FP8_RING_MAX_TILES[block],
             **raw, **early}
 
 
