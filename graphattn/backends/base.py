@@ -24,7 +24,7 @@ import torch
 
 from ..common.kv_layout import KV_AUTO, KV_FP8, dequantize_kv, describe_kv_dtype, kv_dtype_name
 from ..common.metadata import D_QK, D_V, GraphMetadata
-from ..common.platform import Platform, current_platform
+from ..common.platform import Platform, check_platform_arg, current_platform
 from ..common.validation import check_index_range, check_indices_default, check_int, check_sm_scale, is_int
 from ._checks import BackendChecks
 
@@ -344,14 +344,6 @@ def _check_config_types(who: str, num_heads: Any, dtype: Any, topk: Any, platfor
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"{who}: dtype must be a torch.dtype (e.g. torch.bfloat16), got {dtype!r}")
     check_platform_arg(who, platform)
-
-
-def check_platform_arg(who: str, platform: Any) -> None:
-    """Raise ``TypeError`` unless ``platform`` is a graphattn ``Platform`` or ``None`` (the
-    caller's default, ``current_platform()``); ``who`` names the caller in the message."""
-    if platform is not None and not isinstance(platform, Platform):
-        raise TypeError(f"{who}: platform must be a graphattn Platform or None, got {platform!r}; "
-                        "use graphattn.common.current_platform() or leave it out")
 
 
 def accepts_out(forward: Any) -> bool:

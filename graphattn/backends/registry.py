@@ -24,8 +24,8 @@ from typing import Union
 import torch
 
 from ..common.kv_layout import KV_AUTO
-from ..common.platform import Platform, current_platform
-from .base import AttentionBackend, check_platform_arg, kv_kwargs
+from ..common.platform import Platform, current_platform, platform_or_current
+from .base import AttentionBackend, kv_kwargs
 
 logger = logging.getLogger(__name__)
 
@@ -195,8 +195,7 @@ def available_backends(
 
 
 def _platform(platform: Platform | None, who: str) -> Platform:
-    check_platform_arg(who, platform)
-    return platform or current_platform()
+    return platform_or_current(who, platform)
 
 
 def default_dtype(platform: Platform | None = None) -> torch.dtype:

@@ -417,6 +417,20 @@ def current_platform() -> Platform:
     return _resolve(os.environ.get(PLATFORM_ENV, "").strip().lower() or detect_platform_name())
 
 
+def check_platform_arg(who: str, platform: Any) -> None:
+    """Raise ``TypeError`` unless ``platform`` is a graphattn :class:`Platform` or ``None`` (the
+    caller's default, :func:`current_platform`); ``who`` names the caller in the message."""
+    if platform is not None and not isinstance(platform, Platform):
+        raise TypeError(f"{who}: platform must be a graphattn Platform or None, got {platform!r}; "
+                        "use graphattn.common.current_platform() or leave it out")
+
+
+def platform_or_current(who: str, platform: Any) -> Platform:
+    """``platform`` checked by :func:`check_platform_arg`, or :func:`current_platform` for None."""
+    check_platform_arg(who, platform)
+    return platform or current_platform()
+
+
 INTERPRET_ENV = "TRITON_INTERPRET"
 
 

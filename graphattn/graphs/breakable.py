@@ -22,7 +22,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ..common.buffers import GrowOnlyBuffer, recording_capture_marks, release_capture_marks
-from ..common.platform import Platform, current_platform, device_scope, indexed_device
+from ..common.platform import Platform, device_scope, indexed_device, platform_or_current
 from .sanitizer import (
     BorrowedStorage,
     StorageTracker,
@@ -152,10 +152,7 @@ class BreakableGraph:
         device: torch.device | str | None = None,
         segment_class: type | None = None,
     ):
-        if platform is not None and not isinstance(platform, Platform):
-            raise TypeError(f"BreakableGraph: platform must be a graphattn Platform or None, got "
-                            f"{platform!r}; use graphattn.common.current_platform() or leave it out")
-        self.platform = platform or current_platform()
+        self.platform = platform_or_current("BreakableGraph", platform)
         self.device = torch.device(device) if device is not None else self.platform.device
         # Capture streams of its own (a GraphRunner passes one class for all its buckets): torch
         # frees a capture stream's cuBLAS workspaces when any graph captured on it is destroyed

@@ -25,7 +25,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from ..common.buffers import PaddingRows, byte_span
-from ..common.platform import Platform, current_platform
+from ..common.platform import Platform, platform_or_current
 from ..common.validation import is_int
 from .breakable import BreakableGraph, _untracked_message
 from .sanitizer import sanitize_enabled
@@ -142,9 +142,7 @@ class GraphRunner:
             raise ValueError(f"static inputs must share dim 0 (max rows); got {sizes}")
         self.max_rows = next(iter(sizes.values()))
         self.fn, self.static = fn, dict(static_inputs)
-        if platform is not None and not isinstance(platform, Platform):
-            raise TypeError(f"GraphRunner: platform must be a graphattn Platform or None, got {platform!r}")
-        self.platform = platform or current_platform()
+        self.platform = platform_or_current("GraphRunner", platform)
         # One capture stream for this runner's buckets (they share a pool and die together),
         # not the one every runner shared: see BreakableGraph's segment_class.
         self._segment_class = self.platform.graph_segment_class().isolated("global")
