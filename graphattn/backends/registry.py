@@ -189,13 +189,9 @@ def available_backends(
     ``dtype`` defaults to bfloat16 on a GPU and float16 on the CPU (the Triton interpreter's
     bf16 ``tl.dot`` is broken in triton 3.9).
     """
-    platform = _platform(platform, "available_backends")
+    platform = platform_or_current("available_backends", platform)
     dtype = dtype or default_dtype(platform)
     return [n for n in backend_names() if not refusal_reasons(n, num_heads, dtype, topk, platform, kv_dtype)]
-
-
-def _platform(platform: Platform | None, who: str) -> Platform:
-    return platform_or_current(who, platform)
 
 
 def default_dtype(platform: Platform | None = None) -> torch.dtype:
@@ -236,7 +232,7 @@ def resolve_backend(
     """
     if name is not None and not isinstance(name, str):
         raise TypeError(f"attention backend name must be a str or None (auto), got {name!r}")
-    platform = _platform(platform, "resolve_backend")
+    platform = platform_or_current("resolve_backend", platform)
     name = (name or AUTO).strip()
     if name != AUTO:
         cls = get_backend_class(name)
