@@ -387,8 +387,8 @@ def format_report(report: dict[str, Any]) -> str:
     for mode, mem in report["memory"].items():
         pool = mem.get("graph_pool_bytes")
         pool_s = "n/a (emulated graphs)" if pool is None and mode != "eager" else (
-            "-" if pool is None else _human_bytes(pool))
-        lines.append(f"memory [{mode}]: metadata {_human_bytes(mem['metadata_bytes'])}, graph pool {pool_s}"
+            "-" if pool is None else human_bytes(pool))
+        lines.append(f"memory [{mode}]: metadata {human_bytes(mem['metadata_bytes'])}, graph pool {pool_s}"
                      + (f", capture {mem['capture_s']} s" if "capture_s" in mem else ""))
     for c in report["checks"]:
         where = f"rank {c['rank']}, " if "rank" in c else ""
@@ -429,9 +429,13 @@ def write_report(path: str, report: Any) -> None:
         f.write("\n")
 
 
-def _human_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB"):
+def human_bytes(n: float) -> str:
+    """``n`` bytes for a person: ``512 B``, ``2.0 KiB``, ``35.0 MiB``, ``1.25 GiB``, ``2.00 TiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+            break
         n /= 1024
-    return f"{n:.2f} GiB"
+    else:
+        unit = "TiB"
+    digits = 0 if unit == "B" else 1 if unit in ("KiB", "MiB") else 2
+    return f"{n:.{digits}f} {unit}"

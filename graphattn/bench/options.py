@@ -24,7 +24,7 @@ from ..common.metadata import D_QK, D_V
 from ..common.platform import Platform
 from ..common.validation import check_indices_default
 from ..graphs.sanitizer import sanitize_enabled
-from .decode import MODES, default_timing, platform_peaks
+from .decode import MODES, default_timing, human_bytes, platform_peaks
 from .workload import DecodeWorkload
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -214,13 +214,13 @@ def memory_limit(platform: Platform, tp: int) -> tuple[int, str] | None:
             else:  # spawned ranks: cuda:0 .. cuda:tp-1
                 devices = list(range(tp))
             total = min(torch.cuda.get_device_properties(i).total_memory for i in devices)
-            return total, f"the GPU's total memory ({_human(total)})"
+            return total, f"the GPU's total memory ({human_bytes(total)})"
         available = _host_available_bytes()
         if available is None:
             return None
         ranks = tp if "RANK" not in os.environ else int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
         share = available // max(ranks, 1)
-        what = f"the host's available memory ({_human(available)}" + (
+        what = f"the host's available memory ({human_bytes(available)}" + (
             f", shared by {ranks} ranks)" if ranks > 1 else ")")
         return share, what
     except (RuntimeError, OSError, ValueError, AssertionError):
@@ -255,14 +255,6 @@ def check_memory(wl: DecodeWorkload, tp: int, platform: Platform) -> None:
     need = sum(parts.values())
     if need <= limit[0]:
         return
-    detail = ", ".join(f"{k} {_human(v)}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v)
-    raise ValueError(f"the workload needs at least {_human(need)} per rank ({detail}), more than "
+    detail = ", ".join(f"{k} {human_bytes(v)}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v)
+    raise ValueError(f"the workload needs at least {human_bytes(need)} per rank ({detail}), more than "
                      f"{limit[1]}; make --pool-tokens, --batch-sizes, --heads or --measure-layers smaller")
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
