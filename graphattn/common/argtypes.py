@@ -90,6 +90,16 @@ def _first_existing(path: str) -> str:
     return path
 
 
+def _check_anchor(path: str, text: str) -> None:
+    """Refuse ``path`` (a folder to make, from the argument ``text``) unless its nearest existing
+    ancestor is a writable folder."""
+    anchor = _first_existing(path)
+    if not os.path.isdir(anchor):
+        raise argparse.ArgumentTypeError(f"{anchor!r} in {text!r} is not a folder; pick another path")
+    if not os.access(anchor, os.W_OK):
+        raise argparse.ArgumentTypeError(f"folder {anchor!r} of {text!r} is not writable")
+
+
 def _check_writable_file(text: str) -> str:
     """Refuse an empty path, a folder, and an existing file that cannot be written."""
     if not text.strip():
@@ -108,12 +118,7 @@ def file_path(text: str) -> str:
 
     Checked when the command line is parsed, so a long run cannot end in a failed write.
     """
-    path = _check_writable_file(text)
-    anchor = _first_existing(os.path.dirname(path))
-    if not os.path.isdir(anchor):
-        raise argparse.ArgumentTypeError(f"{anchor!r} in {text!r} is not a folder; pick another path")
-    if not os.access(anchor, os.W_OK):
-        raise argparse.ArgumentTypeError(f"folder {anchor!r} of {text!r} is not writable")
+    _check_anchor(os.path.dirname(_check_writable_file(text)), text)
     return text
 
 
@@ -140,12 +145,7 @@ def folder_path(text: str) -> str:
     existing ancestor is a writable folder."""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"expected a folder path, got {text!r}")
-    path = os.path.abspath(text)
-    anchor = _first_existing(path)
-    if not os.path.isdir(anchor):
-        raise argparse.ArgumentTypeError(f"{anchor!r} in {text!r} is not a folder; pick another path")
-    if not os.access(anchor, os.W_OK):
-        raise argparse.ArgumentTypeError(f"folder {anchor!r} of {text!r} is not writable")
+    _check_anchor(os.path.abspath(text), text)
     return text
 
 
