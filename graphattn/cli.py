@@ -70,15 +70,15 @@ def _cwd_importable() -> None:
         sys.path.insert(0, os.getcwd())
 
 
-def _check_backend_names(values: list[str]) -> None:
-    """``graphattn check``'s names: ``all``, registered names, loadable ``pkg.module:Class``."""
-    from .backends.registry import backend_names, is_class_path, load_error
+def _check_backend_names(values: list[str]) -> list[str]:
+    """``graphattn check``'s names: ``all``, registered names, loadable ``pkg.module:Class``;
+    returns them (none for the default set)."""
+    from .backends.registry import backend_names, is_class_path, load_error, split_backend_names
 
-    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
-    if values and not names:  # --attn-backend "" or ",": checking nothing is not a pass
-        given = " ".join(repr(v) for v in values)
-        raise UsageError(f"argument --attn-backend: expected a backend name ('all', a registered name or "
-                         f"'pkg.module:Class'), got {given}")
+    try:
+        names = split_backend_names(values)
+    except ValueError as exc:  # --attn-backend "" or ",": checking nothing is not a pass
+        raise UsageError(f"argument --attn-backend: {exc}") from None
     for name in names:
         if name != "all" and name not in backend_names() and not is_class_path(name):
             valid = ", ".join(["all"] + backend_names())
@@ -86,6 +86,7 @@ def _check_backend_names(values: list[str]) -> None:
         error = None if name == "all" else load_error(name)
         if error:
             raise UsageError(f"argument --attn-backend: {error}")
+    return names
 
 
 # -- list ---------------------------------------------------------------------------------------
@@ -209,7 +210,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     _cwd_importable()
     _platform()
-    _check_backend_names(args.attn_backend or [])
+    named = _check_backend_names(args.attn_backend or [])
     if args.device:
         try:
             device_platform(args.device)
@@ -222,7 +223,6 @@ def cmd_check(args: argparse.Namespace) -> int:
         if not args.junitxml:
             raise
         raise UsageError(f"argument --junitxml: could not write {args.junitxml!r}: {exc}") from None
-    named = [n.strip() for v in args.attn_backend or [] for n in v.split(",") if n.strip()]
     idle = tally.idle([] if "all" in named else named)
     if idle:
         print(f"{args.parser.prog}: error: " + "; ".join(idle), file=sys.stderr, flush=True)

@@ -104,6 +104,21 @@ def _unknown(name: str) -> ValueError:
     return ValueError(f"Unknown attention backend: '{name}'. Valid options are: {valid}")
 
 
+def split_backend_names(values: list[str]) -> list[str]:
+    """Backend names from option values (each may be comma-separated), stripped, empties
+    dropped, in order (repeats kept).
+
+    Raises:
+        ValueError: ``values`` given but naming no backend (``""``, ``","``): a run that checks
+            nothing must not pass.
+    """
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    if values and not names:
+        given = " ".join(repr(v) for v in values)
+        raise ValueError(f"expected a backend name ('all', a registered name or 'pkg.module:Class'), got {given}")
+    return names
+
+
 def is_class_path(name: str) -> bool:
     """True for ``"pkg.module:Class"``: a backend named by its import path, unregistered."""
     module, sep, attr = name.partition(":")

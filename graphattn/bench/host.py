@@ -109,11 +109,12 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def _backend_names(text: str) -> list[str]:
     """``--backends``: comma-separated registered names or ``pkg.module:Class`` paths that load."""
-    from ..backends.registry import load_error
+    from ..backends.registry import load_error, split_backend_names
 
-    names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
-    if not names:
-        raise argparse.ArgumentTypeError(f"expected comma-separated backend names, got {text!r}")
+    try:
+        names = list(dict.fromkeys(split_backend_names([text])))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated backend names, got {text!r}") from None
     for name in names:
         error = load_error(name)
         if error:

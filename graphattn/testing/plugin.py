@@ -221,11 +221,10 @@ def selected_backends(option_values: list[str] | None) -> list[str]:
         platform = current_platform()
         dtype = registry.default_dtype(platform)
         return [n for n in registry.builtin_backends() if not registry.refusal_reasons(n, 16, dtype, 64, platform)]
-    names = [n.strip() for v in option_values for n in v.split(",") if n.strip()]
-    if not names:  # --graphattn-backend "" or ",": a run that checks nothing must not pass
-        given = " ".join(repr(v) for v in option_values)
-        raise pytest.UsageError(f"--graphattn-backend: expected a backend name ('all', a registered name or "
-                                f"'pkg.module:Class'), got {given}")
+    try:
+        names = registry.split_backend_names(option_values)
+    except ValueError as exc:  # --graphattn-backend "" or ","
+        raise pytest.UsageError(f"--graphattn-backend: {exc}") from None
     if "all" in names:
         return registry.backend_names()
     names = list(dict.fromkeys(names))
