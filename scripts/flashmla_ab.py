@@ -7,7 +7,7 @@ kernel=wgmma_rr,BLOCK_N=128 [--kv-fp8] [--shapes 128x64x2048 ...]`` runs each va
 alternating, each in a fresh process of at most 150 s. A variant is ``base`` (no override) or
 ``KEY=VALUE`` pairs joined by commas (ints where they parse); ``PTX_L2_PREFETCH=128`` or ``256``
 is no launch setting but a PTX rewrite giving the kernels' ``cp.async`` copies that L2 prefetch
-size, and ``CARVEOUT=100`` gives every compiled kernel that preferred shared-memory carveout
+size, ``PTX_EVICT=last`` or ``first`` one giving them that L2 eviction policy, and ``CARVEOUT=100`` gives every compiled kernel that preferred shared-memory carveout
 (percent). ``c_KEY=VALUE`` overrides key ``KEY`` of the combine's launch setting
 (``flashmla_combine``: ``c_PDL=1,c_launch_pdl=1`` makes it a programmatic dependent launch), and
 ``C_SMEM=bytes`` launches every combine with that much dynamic shared memory (at least its own),
@@ -30,6 +30,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -110,23 +111,47 @@ def check(kernel: str, variant: str, rows: int, heads: int, topk: int, kv_fp8: b
     return ok
 
 
-def _l2_prefetch_ptx(size: int) -> None:
-    """Rewrite every compile's PTX so its ``cp.async`` copies carry ``.L2::{size}B`` (L2 fetches
-    that many bytes around a miss; Gluon's async copy has no such option), in a cache folder of
-    its own (the hook is not part of Triton's cache key)."""
+def _rewrite_ptx(tag: str, rewrite) -> None:
+    """Pass every compile's PTX through ``rewrite`` (str -> str), in a Triton cache folder of its
+    own (the hook is not part of Triton's cache key; ``tag`` names the folder and triton 3.9's
+    key)."""
     import tempfile
 
-    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"triton_l2_{size}_")
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"triton_{tag}_")
     from triton import knobs
 
     def hook(backend=None, stages=None, options=None, language=None, capability=None):
         if stages is None:  # triton >= 3.9 also asks the hook for a cache key: (key, hash)
-            return f"l2_prefetch_{size}", f"l2_prefetch_{size}"
+            return tag, tag
         make_ptx = stages["ptx"]
-        stages["ptx"] = lambda src, metadata: make_ptx(src, metadata).replace(
-            "cp.async.cg.shared.global [", f"cp.async.cg.shared.global.L2::{size}B [")
+        stages["ptx"] = lambda src, metadata: rewrite(make_ptx(src, metadata))
 
     knobs.runtime.add_stages_inspection_hook = hook
+
+
+def _l2_prefetch_ptx(size: int) -> None:
+    """Give every compile's ``cp.async`` copies ``.L2::{size}B`` (L2 fetches that many bytes
+    around a miss; Gluon's async copy has no such option)."""
+    _rewrite_ptx(f"l2_prefetch_{size}", lambda ptx: ptx.replace(
+        "cp.async.cg.shared.global [", f"cp.async.cg.shared.global.L2::{size}B ["))
+
+
+def evict_ptx(ptx: str, policy: str) -> str:
+    """``ptx`` with every ``cp.async`` copy given an L2 eviction policy (``last`` or ``first``):
+    a ``createpolicy`` right before each copy, its register appended to the copy (Gluon's async
+    copy drops its ``eviction_policy`` under triton 3.6; one policy register live through the
+    whole kernel made the producer spill)."""
+    if "cp.async.cg.shared.global [" not in ptx:
+        return ptx
+    ptx = re.sub(r"(\t\.reg \.b64 \t%rd<\d+>;)", r"\1\n\t.reg .b64 \t%evpol;", ptx, count=1)
+    return re.sub(r"cp\.async\.cg\.shared\.global (\[[^;]*);",
+                  f"createpolicy.fractional.L2::evict_{policy}.b64 \t%evpol, 1.0;\n\t"
+                  r"cp.async.cg.shared.global.L2::cache_hint \1, %evpol;", ptx)
+
+
+def _evict_ptx(policy: str) -> None:
+    """Give every compile's ``cp.async`` copies the L2 eviction policy ``policy`` (:func:`evict_ptx`)."""
+    _rewrite_ptx(f"evict_{policy}", lambda ptx: evict_ptx(ptx, policy))
 
 
 # cuFuncSetAttribute's attributes (cuda.h's CUfunction_attribute)
@@ -200,6 +225,8 @@ def apply_script_settings(settings: dict) -> dict:
         _carveout(settings.pop("CARVEOUT"))
     if "PTX_L2_PREFETCH" in settings:  # a PTX rewrite (see _l2_prefetch_ptx)
         _l2_prefetch_ptx(settings.pop("PTX_L2_PREFETCH"))
+    if "PTX_EVICT" in settings:  # a PTX rewrite (see evict_ptx)
+        _evict_ptx(settings.pop("PTX_EVICT"))
     for key in [k for k in settings if k.startswith("tn_min_rows_")]:  # where wgmma_tn takes over
         from graphattn.cuda import configs
 

@@ -107,8 +107,9 @@ def test_rr_probe_tells_what_a_finish_follows(capsys):
 
 
 def test_flashmla_ab_variants_and_ptx_rewrite(monkeypatch):
-    """flashmla_ab's variant strings become launch-table overrides, and its PTX rewrite gives
-    every cp.async copy the L2 prefetch size, in a Triton cache folder of its own."""
+    """flashmla_ab's variant strings become launch-table overrides, and its PTX rewrites give
+    every cp.async copy the L2 prefetch size or an eviction policy, in a Triton cache folder of
+    their own."""
     from triton import knobs
 
     ab = _load("flashmla_ab")
@@ -129,6 +130,17 @@ def test_flashmla_ab_variants_and_ptx_rewrite(monkeypatch):
     assert "cp.async.cg.shared.global.L2::256B [ %r1 + 0 ]" in out
     assert "cp.async.mbarrier.arrive.noinc.shared.b64 [" in out  # only the copies
     assert knobs.runtime.add_stages_inspection_hook() == ("l2_prefetch_256", "l2_prefetch_256")  # triton 3.9's key
+    # PTX_EVICT: each copy gets a policy made just before it (no register live across the kernel)
+    ptx_regs = "\t.reg .b64 \t%rd<9>;\n" + ptx
+    out = ab.evict_ptx(ptx_regs, "last")
+    assert ".reg .b64 \t%evpol;" in out
+    assert ("createpolicy.fractional.L2::evict_last.b64 \t%evpol, 1.0;\n\t"
+            "cp.async.cg.shared.global.L2::cache_hint [ %r1 + 0 ], [ %rd1 + 0 ], 0x10, %r2, %evpol;") in out
+    assert "cp.async.mbarrier.arrive.noinc.shared.b64 [ %r3 + 0 ];" in out
+    assert ab.evict_ptx("\tmov.u32 %r1, 0;\n", "first") == "\tmov.u32 %r1, 0;\n"  # no copies: unchanged
+    ab.apply_script_settings({"PTX_EVICT": "first"})
+    os.rmdir(os.environ["TRITON_CACHE_DIR"])
+    assert knobs.runtime.add_stages_inspection_hook() == ("evict_first", "evict_first")
 
 
 def test_flashmla_ab_moves_wgmma_tn_rows(monkeypatch):
