@@ -120,14 +120,15 @@ def report(g, c, names, entry: int, ends) -> None:
               f"{rel.median():7.2f} max {rel.max():7.2f} | from its own start: median {own.median():7.2f}")
 
 
-def probe_launch(spec: str, kernel: str, module: str):
+def probe_launch(spec: str, kernel: str, module: str, words: int = 64, dtype=None):
     """flashmla's plan for ``spec`` (``HEADSxROWSxTOPK``) with its Gluon ``kernel`` (a key of
     ``GLUON_KERNELS``) taken from the instrumented module ``graphattn.kernels.<module>``
     (:func:`load_module`), its combine left out. Returns ``(plan, launch)``: ``launch(shift=0)``
     runs it on 8 input sets, the index rows rolled by ``shift`` rows (the last call's inputs cold
     in L2), and returns the last call's stamps ``[programs, 64]`` (f64: globaltimer in slots
     0-31, clock64 in 32-63, the SM in 31); ``None`` for a launch of clusters, whose CTAs use both
-    the workspace and the output, leaving no room for the stamps."""
+    the workspace and the output, leaving no room for the stamps. ``words``, ``dtype``: a
+    program's stamps are ``words`` values of ``dtype`` instead (returned as int64, not f64)."""
     import dataclasses
 
     import torch
@@ -154,6 +155,9 @@ def probe_launch(spec: str, kernel: str, module: str):
     lse = torch.empty(r, h, device="cuda")
     progs = plan.main.grid[0]
     stamps = ws_out if plan.splits == 1 else out
+    view = dtype or torch.int64
+    room = stamps.numel() * stamps.element_size() // torch.empty(0, dtype=view).element_size()
+    assert room >= progs * words, f"{spec}: {progs} programs x {words} stamps do not fit in {room}"
 
     def launch(shift: int = 0):
         idx = sets[0]["idx"]
@@ -161,7 +165,8 @@ def probe_launch(spec: str, kernel: str, module: str):
             idx.copy_(s["idx"].roll(shift, 0) if shift else s["idx"])
             call(s["q"], s["kv"], (out, lse))
         torch.cuda.synchronize()
-        return stamps.reshape(-1).view(torch.int64)[: progs * 64].view(progs, 64).cpu().double()
+        got = stamps.reshape(-1).view(view)[: progs * words].view(progs, words).cpu()
+        return got.double() if dtype is None else got.to(torch.int64)
 
     return plan, launch
 

@@ -42,7 +42,8 @@ def test_probe_hooks_every_milestone_once(name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,kernel,module", [("ws_probe", "flashmla_wgmma_ws", "wsprobe"),
-                                                ("rr_probe", "flashmla_wgmma_rr", "rrprobe")])
+                                                ("rr_probe", "flashmla_wgmma_rr", "rrprobe"),
+                                                ("rr_waits", "flashmla_wgmma_rr", "rrwaits")])
 def test_instrumented_probe_kernels_compile_for_sm90(name, kernel, module):
     """The probes' instrumented kernels compile for sm_90 as a launch with splits runs them (no GPU):
     each hook sits in a function that has the probe's arguments (a hook in one that lacks them,
@@ -75,7 +76,51 @@ print(json.dumps(rec))
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     rec = json.loads(lines[-1])
     assert rec["ok"], rec["error"]
-    assert rec["stamps"] >= len(_load(name).NAMES), rec  # every milestone's globaltimer read is in the PTX
+    probe = _load(name)  # every milestone's globaltimer read is in the PTX (rr_waits: each partition's)
+    assert rec["stamps"] >= len(getattr(probe, "NAMES", None) or probe.BASES), rec
+
+
+def test_rr_waits_times_every_wait_of_both_consumers_and_the_producer():
+    """rr_waits still finds every wait of wgmma_rr: per round each consumer stamps its start and
+    times its two halves, its scores' wgmma, the other's max and P and its P V wgmmas; the
+    producer stamps its start and times each free wait and each gather call (both of its paths,
+    with and without early indices), each into its own slot."""
+    waits = _load("rr_waits")
+    src = waits.instrumented_source()
+    compile(src, "rr_waits.py", "exec")
+    puts = [line.strip() for line in src.splitlines() if line.strip().startswith("_put(ws_out_ptr, out_ptr, DIRECT, r, ")]
+    slots = [line.split(", r, ")[1].split(",")[0] for line in puts]
+    consumer = {f"WG * 10 + {i}" for i in range(len(waits.CONSUMER))} | {f"WG * 10 + {waits.CLOCK}",
+                                                                        f"WG * 10 + {waits.TIMER}"}
+    base = waits.BASES["producer"]
+    producer = {str(base + i) for i in range(len(waits.PRODUCER))} | {f"{base} + {waits.CLOCK}", f"{base} + {waits.TIMER}"}
+    assert set(slots) == consumer | producer, sorted(set(slots) ^ (consumer | producer))
+    # consumers: 2 stamps + 4 halves + scores + 4 exchanges + 4 P V waits; producer: 2 + 2 paths x 4 x 2
+    assert len(puts) == 15 + 18, len(puts)
+    assert src.count("mbarrier.wait(free.index(") == 8  # the explicit ones (_gather_half waits on its own `free`)
+    assert max(base + waits.TIMER, 10 + waits.TIMER) < waits.SLOTS
+
+
+def test_rr_waits_report_reads_wrapped_32_bit_clocks(capsys):
+    """rr_waits' report: waits in us a round at the clock the stamps measure, round 0 apart, with
+    %clock and %globaltimer_lo wrapping past 2**32 between rounds."""
+    import torch
+
+    waits = _load("rr_waits")
+    programs, rounds, ghz = 3, 5, 1.5
+    p = torch.zeros(programs, waits.ROUNDS, waits.SLOTS, dtype=torch.int64)
+    for name, base in waits.BASES.items():
+        for r in range(rounds):  # a round is 4 us: 6000 cycles; both counters start near their wrap
+            p[:, r, base + waits.CLOCK] = (2**32 - 9000 + 6000 * r) % 2**32
+            p[:, r, base + waits.TIMER] = (2**32 - 7000 + 4000 * r) % 2**32
+        p[:, 0, base] = 3000  # round 0: 2 us on the first wait
+        p[:, 1:rounds, base] = 1500  # then 1 us a round
+        p[:, 1:rounds, base + 1] = 750
+    waits.report(p, rounds)
+    out = capsys.readouterr().out
+    assert "consumer 0: a steady round 4.000 us" in out and "clock 1.50 GHz" in out, out
+    assert "first half        1.000   1.000 |   2.000" in out, out
+    assert "free k1 R         0.500   0.500 |   0.000" in out, out
 
 
 def test_rr_probe_tells_what_a_finish_follows(capsys):
