@@ -159,12 +159,13 @@ def report(p, rounds: int) -> None:
         if kept < 2:
             print(f"  {name}: one round only")
             continue
-        d_clk = ((clk[:, -1] - clk[:, 1]) % 2**32).double()
-        d_ns = ((ns[:, -1] - ns[:, 1]) % 2**32).double()
-        ghz = (d_clk / d_ns).median().item()
-        steady = d_ns / (kept - 2) / 1e3 if kept > 2 else None
+        # the clock's rate over every kept round's start; a steady round from round 1's start on
+        ghz = (((clk[:, -1] - clk[:, 0]) % 2**32).double() / ((ns[:, -1] - ns[:, 0]) % 2**32).double()).median().item()
+        steady = ((ns[:, -1] - ns[:, 1]) % 2**32).double() / (kept - 2) / 1e3 if kept > 2 else None
         line = f"a steady round {steady.mean():.3f} us (p90 {steady.quantile(0.9):.3f}), " if steady is not None else ""
-        print(f"  {name}: {line}clock {ghz:.2f} GHz; waits in us a round (steady: mean, p90 | round 0)")
+        first = ((ns[:, 1] - ns[:, 0]) % 2**32).double().mean() / 1e3
+        print(f"  {name}: round 0 {first:.3f} us, {line}clock {ghz:.2f} GHz; waits in us a round "
+              "(steady: mean, p90 | round 0)")
         for i, label in enumerate(labels):
             waits = (p[:, :kept, base + i] % 2**32).double() / ghz / 1e3
             mean = waits[:, 1:].mean(dim=1)

@@ -118,7 +118,7 @@ def test_rr_waits_report_reads_wrapped_32_bit_clocks(capsys):
         p[:, 1:rounds, base + 1] = 750
     waits.report(p, rounds)
     out = capsys.readouterr().out
-    assert "consumer 0: a steady round 4.000 us" in out and "clock 1.50 GHz" in out, out
+    assert "consumer 0: round 0 4.000 us, a steady round 4.000 us" in out and "clock 1.50 GHz" in out, out
     assert "first half        1.000   1.000 |   2.000" in out, out
     assert "free k1 R         0.500   0.500 |   0.000" in out, out
 
