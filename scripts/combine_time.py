@@ -1,6 +1,6 @@
 """Time flashmla's combines alone (a CUDA graph of 50 launches each, L2-warm workspace): the
 head-major Triton combine, the Gluon combine of partials in the accumulator's order
-(``graphattn.kernels.wgmma_ws._flashmla_combine_native_kernel``), and two Triton versions of the
+(``graphattn.kernels.wgmma_combine._flashmla_combine_native_kernel``), and two Triton versions of the
 latter kept here for the record (82124c6's ``[BLOCK_S, 512]`` tile, whose weights change layout
 through shared memory, 13 barriers; a loop over the splits). The Triton versions' outputs are
 checked against the Gluon one's (docs/benchmarks.md, "split partials in the accumulator's order, landed").
@@ -11,7 +11,7 @@ import triton.language as tl
 
 from graphattn.bench.kernels import time_graph
 from graphattn.kernels.flashmla import _flashmla_combine_kernel
-from graphattn.kernels.wgmma_ws import _flashmla_combine_native_kernel
+from graphattn.kernels.wgmma_combine import _flashmla_combine_native_kernel
 
 
 @triton.jit

@@ -226,7 +226,7 @@ def native_store_offset(m: int, n: int, R: int, WG: int) -> int:
 
 
 def native_head(k: int, R: int) -> int:
-    """wgmma_ws.py:_native_head: the head (within its block of R) of row ``k`` of a run."""
+    """wgmma_combine.py:_native_head: the head (within its block of R) of row ``k`` of a run."""
     half = R // 2
     upper = k >= half
     kk = k - half if upper else k
@@ -234,7 +234,7 @@ def native_head(k: int, R: int) -> int:
 
 
 def native_combine_offset(g: int, k: int, c: int, R: int) -> int:
-    """wgmma_ws.py:_flashmla_combine_native_kernel: the element (from the block's first element of
+    """wgmma_combine.py:_flashmla_combine_native_kernel: the element (from the block's first element of
     a split) its program of first run ``g`` loads for row ``k`` (< R) and column ``c`` (< 8 RUNS):
     ``g * 8 * R + k * 8 + c_run``, ``c_run = (c // 8) * (8 * R) + c % 8``; it holds head
     ``native_head(k, R)``, column ``8 g + c``."""
@@ -294,7 +294,7 @@ def combine_program(plan: LaunchPlan, pid: int) -> tuple[int, int]:
 
 def native_combine_program(plan: LaunchPlan, pid: int) -> tuple[int, int, int]:
     """``(row, head block, first run)`` of program ``pid`` of
-    wgmma_ws.py:_flashmla_combine_native_kernel: ``PROGRAMS = 64 / RUNS`` programs a head block,
+    wgmma_combine.py:_flashmla_combine_native_kernel: ``PROGRAMS = 64 / RUNS`` programs a head block,
     ``g = (pid % PROGRAMS) * RUNS``, ``hb = (pid // PROGRAMS) % n_hb``, ``row = pid // (PROGRAMS *
     n_hb)`` with ``n_hb = (H + 63) // 64``."""
     runs = plan.combine.kwargs.get("RUNS", 1)
@@ -435,7 +435,7 @@ def model_launch(plan: LaunchPlan, idx: torch.Tensor, counter: torch.Tensor | No
             p.append(f"native combine grid {Gc} != rows x cdiv(H, 64) x 64 / RUNS")
         elif native_combine_program(plan, Gc - 1) != (r, n_hb - 1, D_V // 8 - runs):
             p.append(f"native combine's last program decodes to {native_combine_program(plan, Gc - 1)}")
-        # wgmma_ws.py:_flashmla_combine_native_kernel: run = ws_out (16-bit view with PARTIAL_16)
+        # wgmma_combine.py:_flashmla_combine_native_kernel: run = ws_out (16-bit view with PARTIAL_16)
         # + wide * (row * stride_wr + hb * 64 * stride_wh) + g * 8 * R, loading run + wide * s *
         # stride_ws + k * 8 + c_run (k < R, s < num_splits); the lse's at ws_lse + row * stride_lr +
         # s * stride_ls + hb * 64 + native_head(k, R). The last program of each head block of the

@@ -222,11 +222,11 @@ def test_merge_staging_layout_does_not_conflict_in_shared_memory():
 
 
 def test_fp8_dequantisation_layouts_do_not_conflict_in_shared_memory():
-    """DEQ_32 / DEQ_64 (wgmma_ws: every Gluon FP8 dequantisation) cover a [rows, 128] scale block
+    """DEQ_32 / DEQ_64 (wgmma_dequant: every Gluon FP8 dequantisation) cover a [rows, 128] scale block
     once and read its FP8 bytes and write its values without shared-memory bank conflicts under
     the 128-byte swizzle; the BlockedLayout they replaced wrote its values 2-way conflicted (twice
     the ideal wavefronts in Nsight Compute on the H200, docs/benchmarks.md)."""
-    code = ("import json; from graphattn.kernels import wgmma_ws as w; "
+    code = ("import json; from graphattn.kernels import wgmma_dequant as w; "
             "print(json.dumps({n: dict(reg=l.reg_bases, lane=l.lane_bases, warp=l.warp_bases, shape=l.shape) "
             "for n, l in (('DEQ_32', w.DEQ_32.value), ('DEQ_64', w.DEQ_64.value))}))")
     layouts = _gluon_json(code)

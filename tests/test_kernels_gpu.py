@@ -371,7 +371,7 @@ def test_flashmla_combine_reads_partials_in_the_accumulator_order(heads, splits,
 
     if torch.version.hip is not None or torch.cuda.get_device_capability() != (9, 0) or not gluon_available():
         pytest.skip("the native combine is a Gluon kernel for sm_90 (where the partials it reads are stored)")
-    from graphattn.kernels.wgmma_ws import _flashmla_combine_native_kernel
+    from graphattn.kernels.wgmma_combine import _flashmla_combine_native_kernel
 
     blocks = [min(64, heads - b) for b in range(0, heads, 64)]  # each block's heads
     rows, slots = 3, splits + 1

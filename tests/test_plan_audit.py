@@ -267,9 +267,9 @@ def _kernel_function(file: str, name: str):
 
 
 def test_native_store_and_combine_expressions_are_the_kernels():
-    """The model's offsets and bases are wgmma_ws.py's own expressions, evaluated from its source:
-    _store_partial's ``off_m``, ``off_n`` and ``base``, _native_head, and
-    _flashmla_combine_native_kernel's ``c_run`` and program-id decoding; its loads add them as
+    """The model's offsets and bases are the kernels' own expressions, evaluated from their source:
+    wgmma_ws.py's _store_partial ``off_m``, ``off_n`` and ``base``, wgmma_combine.py's _native_head
+    and _flashmla_combine_native_kernel's ``c_run`` and program-id decoding; its loads add them as
     the model does (the statements quoted below)."""
     store = _function("wgmma_ws.py", "_store_partial")
     m, n = torch.arange(64)[:, None], torch.arange(A.HALF)[None, :]
@@ -287,10 +287,10 @@ def test_native_store_and_combine_expressions_are_the_kernels():
                     assert torch.equal(kernel, A.native_block_base(row, split, hb, strides, wide) + model), (
                         R, WG, wide, row, split, hb)
         k = torch.arange(R)
-        head = _kernel_function("wgmma_ws.py", "_native_head")(k, R)
+        head = _kernel_function("wgmma_combine.py", "_native_head")(k, R)
         assert head.tolist() == [A.native_head(i, R) for i in range(R)], R
 
-    combine = _function("wgmma_ws.py", "_flashmla_combine_native_kernel")
+    combine = _function("wgmma_combine.py", "_flashmla_combine_native_kernel")
     text = ast.unparse(combine)
     for statement in (  # the load: run + wide * s * stride_ws + k * 8 + c_run, run from the block's base
             "run = ws_out_ptr.to(gl.pointer_type(out_ptr.dtype.element_ty)) + "

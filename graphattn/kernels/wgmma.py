@@ -25,6 +25,18 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as _asyn
 # The Gluon API is experimental; these two builtins were renamed between triton 3.6 and 3.9.
 _async_load = getattr(_async_copy, "async_load", None) or _async_copy.async_copy_global_to_shared
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+# Shared-memory views of another dtype: ``reinterpret`` from triton 3.7 on, ``_reinterpret`` before.
+_NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+
+
+@gluon.jit
+def _reinterpret(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+    """``buf``'s bytes (a shared-memory descriptor) as a view of ``dtype``, ``shape`` and ``layout``."""
+    if _NEW_REINTERPRET:
+        view = buf.reinterpret(dtype, shape, layout)
+    else:
+        view = buf._reinterpret(dtype, shape, layout)
+    return view
 
 
 @gluon.jit

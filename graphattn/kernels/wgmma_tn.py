@@ -50,19 +50,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .wgmma import _cta_barrier, _launch_dependents, _load_indices, _program_split
-from .wgmma_ws import (
-    _NEW_REINTERPRET,
-    CONSUMER_REGS,
-    DEQ_32,
-    F32_STAGE,
-    FP8_BLOCK,
-    _dequantise_block,
-    _dequantise_tile,
-    _dequantised,
-    _fp8_views,
-    _producer,
-)
+from .wgmma import _cta_barrier, _launch_dependents, _load_indices, _program_split, _reinterpret
+from .wgmma_dequant import DEQ_32, FP8_BLOCK, _dequantise_block, _dequantise_tile, _dequantised, _fp8_views
+from .wgmma_ws import CONSUMER_REGS, F32_STAGE, _producer
 
 
 @gluon.jit
@@ -305,7 +295,7 @@ def _v_column(i):
 def _scores_operand(x, scale, kn, b: gl.constexpr, a_layout: gl.constexpr):
     """Scale block ``b`` of a tile: its bytes ``x`` (``[64, 128]`` uint8 in :data:`REGS_LOAD`)
     times the tokens' scales ``scale`` (``[64]`` f32), rounded to ``kn``'s dtype (the cache
-    dequantised as :func:`~graphattn.kernels.wgmma_ws._dequantised` does it), stored into the
+    dequantised as :func:`~graphattn.kernels.wgmma_dequant._dequantised` does it), stored into the
     consumer's bf16 tile ``kn`` (``[64, 512]``: V for ``V^T P^T``, columns in
     :data:`V_TILE_ORDER`) and returned as the scores' A operand (``[64, 128]`` in ``a_layout``,
     columns in RAW_TILE's order)."""
@@ -420,10 +410,7 @@ def _merge_view(k_nope, w: gl.constexpr, D_NOPE: gl.constexpr, BLOCK_H: gl.const
     output (rows of 128 bytes) in :data:`~graphattn.kernels.wgmma_ws.F32_STAGE`, whose swizzle
     spreads the wgmma accumulator's rows over all 32 banks."""
     WIDTH: gl.constexpr = 32  # 2 x 64 x 512 x 2 bytes = 2 x 512 x 32 x 4
-    if _NEW_REINTERPRET:
-        view = k_nope.reinterpret(gl.float32, [2, D_NOPE, WIDTH], F32_STAGE)
-    else:
-        view = k_nope._reinterpret(gl.float32, [2, D_NOPE, WIDTH], F32_STAGE)
+    view = _reinterpret(k_nope, gl.float32, [2, D_NOPE, WIDTH], F32_STAGE)
     return view.index(w).slice(0, BLOCK_H, dim=1)
 
 
@@ -545,12 +532,8 @@ def _tn_ring(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
     k_scale = gl.allocate_shared_memory(gl.float32, [RING, 4, BLOCK_N], gl.SwizzledSharedLayout(
         vec=1, per_phase=1, max_phase=1, order=[1, 0]))
     p_buf = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_H], p_layout)
-    if _NEW_REINTERPRET:
-        k_scale_rows = k_scale.reinterpret(gl.float32, [RING * 4, BLOCK_N], rows_layout)
-        k_rope_bits = k_rope.reinterpret(gl.bfloat16, [RING, BLOCK_N, D_ROPE], smem_layout)
-    else:
-        k_scale_rows = k_scale._reinterpret(gl.float32, [RING * 4, BLOCK_N], rows_layout)
-        k_rope_bits = k_rope._reinterpret(gl.bfloat16, [RING, BLOCK_N, D_ROPE], smem_layout)
+    k_scale_rows = _reinterpret(k_scale, gl.float32, [RING * 4, BLOCK_N], rows_layout)
+    k_rope_bits = _reinterpret(k_rope, gl.bfloat16, [RING, BLOCK_N, D_ROPE], smem_layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
     kv_free = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
@@ -615,10 +598,7 @@ def _tn_raw_tile(q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_ptr, lse_pt
     k_scale = gl.allocate_shared_memory(gl.float32, [1, 4, BLOCK_N], gl.SwizzledSharedLayout(
         vec=1, per_phase=1, max_phase=1, order=[1, 0]))
     stats = gl.allocate_shared_memory(gl.float32, [4, BLOCK_H], stat_layout)  # (max, sum) per consumer
-    if _NEW_REINTERPRET:
-        k_scale_rows = k_scale.reinterpret(gl.float32, [4, BLOCK_N], rows_layout)
-    else:
-        k_scale_rows = k_scale._reinterpret(gl.float32, [4, BLOCK_N], rows_layout)
+    k_scale_rows = _reinterpret(k_scale, gl.float32, [4, BLOCK_N], rows_layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # one per consumer
     kv_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())

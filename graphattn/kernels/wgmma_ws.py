@@ -31,8 +31,9 @@ wait depends only on work issued earlier by the other partitions: no cycle.
 each token's 512 FP8 bytes into the upper half of the slot's nope tile (its bytes viewed as
 uint8), its 4 float32 scales into a small ring of their own and its bf16 rope into the rope
 tile, all by ``cp.async`` on the same ``ready`` barrier. The tile is dequantised in place,
-``dtype(float32(fp8) * scale)`` (:func:`_dequantise_rows`: the values of block ``b`` overwrite
-bytes of their own token already read), by both consumers at once: the owner its first 32
+``dtype(float32(fp8) * scale)`` (:func:`~graphattn.kernels.wgmma_dequant._dequantise_rows`: the
+values of block ``b`` overwrite bytes of their own token already read), by both consumers at
+once: the owner its first 32
 tokens while the other's ``P V`` runs, the other consumer the last 32 before it waits for the
 owner's ``P`` (it is idle then), saying so on the slot's ``d_ready`` barrier; the schedule is
 then the bf16 one: FP8 KV means the products of a cache dequantised to q's dtype. Dequantising in the
@@ -44,8 +45,8 @@ outside ``[0, pool)`` never read, heads ``>= H`` of the last head block masked (
 stored). bf16/fp16 q; kv in q's dtype or FP8 tokens, with 16-byte aligned rows. With
 ``PARTIAL_NATIVE`` (heads a multiple of 16; a partly-masked block holds only its own heads) a
 partial is stored in the accumulator's own order, in f32 (1) or q's dtype (2)
-(:func:`_store_partial`), and :func:`_flashmla_combine_native_kernel`, the combine launch that
-reads that order, is here too (``wgmma_rr`` stores its partials the same way).
+(:func:`_store_partial`; ``wgmma_rr`` stores its partials the same way), which the combine launch
+of :mod:`graphattn.kernels.wgmma_combine` reads.
 """
 
 from __future__ import annotations
@@ -60,19 +61,27 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ..common.kv_layout import ROPE_OFFSET, SCALE_OFFSET, TILE
 from .wgmma import (
     _async_load,
     _cluster_arrive,
     _cluster_wait,
     _cta_barrier,
     _gather_tile,
-    _gdc_wait,
     _launch_dependents,
     _load_indices,
     _load_q,
     _prefetch_indices_l2,
     _program_split,
+    _reinterpret,
+)
+from .wgmma_dequant import (
+    FP8_BLOCK,
+    FP8_GATHER,
+    FP8_SCALES,
+    _dequantise_mine,
+    _dequantise_rows,
+    _fp8_views,
+    _gather_fp8,
 )
 
 # Registers per thread of each consumer (setmaxnreg). The launch caps every thread at 168
@@ -83,24 +92,6 @@ from .wgmma import (
 # lanes (threads_per_warp [2, 16]) to fit in 40.
 CONSUMER_REGS = gl.constexpr(232)
 
-# The 656-byte FP8 token (graphattn.common.kv_layout), as kernel constants.
-FP8_SCALE_OFFSET = gl.constexpr(SCALE_OFFSET)  # bytes: the 4 float32 scales after the 512 FP8 values
-FP8_ROPE_OFFSET = gl.constexpr(ROPE_OFFSET)  # bytes: then the 64 bf16 rotary values
-FP8_BLOCK = gl.constexpr(TILE)  # values per scale
-# A scale block of FP8 values as the consumers dequantise it, [32 or 64 tokens, 128 values]: each
-# thread 16 consecutive bytes of a token and the 16 that lie 64 columns on (16-byte shared loads,
-# two 16-byte stores of q's dtype each). Shared memory serves a 16-byte access 8 lanes at a time.
-# With a BlockedLayout's 8 lanes a row (16 bytes each), those lanes' stores of values hit 4 of
-# the 8 16-byte bank groups twice (the 128-byte swizzle puts chunk 2k of row r at 2k ^ (r % 8):
-# even chunks only, for even r): 2 wavefronts for 1 (Nsight Compute). Here lanes 0-3 and 4-7 take
-# rows r and r ^ 5: their bytes lie in chunks {0..3} ^ r and {4..7} ^ r, their values in even and
-# odd chunks, so neither access conflicts.
-# DEQ_64 is DEQ_32 with rows 32-63 in one more register.
-_DEQ_REGS = [[0, 1], [0, 2], [0, 4], [0, 8], [0, 64]]
-_DEQ_LANES = [[0, 16], [0, 32], [5, 0], [2, 0], [8, 0]]
-_DEQ_WARPS = [[16, 0], [1, 0]]
-DEQ_32 = gl.constexpr(gl.DistributedLinearLayout(_DEQ_REGS, _DEQ_LANES, _DEQ_WARPS, [], [32, 128]))
-DEQ_64 = gl.constexpr(gl.DistributedLinearLayout(_DEQ_REGS + [[32, 0]], _DEQ_LANES, _DEQ_WARPS, [], [64, 128]))
 # f32 outputs staged in shared memory for a merge (rows of 128 bytes or more): 32-byte groups
 # swizzled by row % 4. A wgmma accumulator's 8-byte stores (and loads in its layout) cover 4 rows
 # x 32 bytes a half-warp, which then fill the 32 banks. The 8-byte groups wgmma_tn's and
@@ -108,12 +99,6 @@ DEQ_64 = gl.constexpr(gl.DistributedLinearLayout(_DEQ_REGS + [[32, 0]], _DEQ_LAN
 # on the H200: 3.6x the ideal wavefronts of wgmma_tn's merge), the 16-byte groups of wgmma_ws's
 # cluster merge (vec=4) in 16, 2-way (tests/test_kernels_aot.py models all three).
 F32_STAGE = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=4, order=[1, 0]))
-# The producer's FP8 gathers: the tokens' 512 bytes ([BLOCK_N, 512] uint8, 16 bytes per copy) and
-# their 4 float32 scales, block-major ([4, BLOCK_N], one 4-byte copy each); the rope as bf16's.
-FP8_GATHER = gl.constexpr(gl.BlockedLayout(
-    size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0]))
-FP8_SCALES = gl.constexpr(gl.BlockedLayout(
-    size_per_thread=[1, 1], threads_per_warp=[1, 32], warps_per_cta=[4, 1], order=[1, 0]))
 # The gathers' layouts, for 4 warps: the [64, 512] nope columns with rows spread over lanes (the
 # producer's 40 registers), and the [64, 64] rope columns.
 GATHER_N = gl.constexpr(gl.BlockedLayout(
@@ -123,8 +108,6 @@ GATHER_R = gl.constexpr(gl.BlockedLayout(
 # Rows a pass of the producer's cluster merge (_producer_merge; it has 40 registers): 4 measured
 # 1% faster than 8 at FP8 64 x 64 and 128 x 32 (docs/benchmarks.md), both spilling a little there.
 MERGE_ROWS = gl.constexpr(4)
-# Shared-memory views of another dtype: ``reinterpret`` from triton 3.7 on, ``_reinterpret`` before.
-_NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
 
 @gluon.jit
@@ -215,113 +198,10 @@ def _tile_indices(idx_row_ptr, n0, end, BLOCK_N: gl.constexpr, KV_FP8: gl.conste
     return idx_a, idx_b
 
 
-@gluon.jit
-def _gather_fp8(kv_ptr, stride_kv, pool, idx_n, idx_c, raw_dst, kr_bits, sc_slot,
-                D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-                gather_8: gl.constexpr, gather_r: gl.constexpr, gather_c: gl.constexpr):
-    """cp.async the tokens ``idx`` (``idx_n``, ``idx_c``: the same indices in two layouts) into
-    one slot: FP8 bytes ``[BLOCK_N, 512]`` into ``raw_dst``, the rope ``[BLOCK_N, 64]`` bf16 into
-    ``kr_bits``, the scales ``[4, BLOCK_N]`` f32 (block-major). A token outside ``[0, pool)`` reads nothing:
-    zeros."""
-    valid_n = (idx_n >= 0) & (idx_n < pool)
-    rows_n = gl.where(valid_n, idx_n, 0).to(gl.int64) * stride_kv
-    cols_n = gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, gather_8))
-    _async_load(raw_dst, kv_ptr + rows_n[:, None] + cols_n[None, :], mask=valid_n[:, None])
-    rows_r = gl.convert_layout(rows_n, gl.SliceLayout(1, gather_r))
-    rope = (kv_ptr + rows_r + FP8_ROPE_OFFSET).to(gl.pointer_type(gl.bfloat16))
-    cols_r = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, gather_r))
-    _async_load(kr_bits, rope[:, None] + cols_r[None, :],
-                mask=gl.convert_layout(valid_n, gl.SliceLayout(1, gather_r))[:, None])
-    valid_c = (idx_c >= 0) & (idx_c < pool)
-    rows_c = gl.where(valid_c, idx_c, 0).to(gl.int64) * stride_kv
-    scales = (kv_ptr + rows_c + FP8_SCALE_OFFSET).to(gl.pointer_type(gl.float32))
-    blocks = gl.arange(0, 4, layout=gl.SliceLayout(1, gather_c))
-    _async_load(sc_slot, scales[None, :] + blocks[:, None], mask=valid_c[None, :])
 
 
-@gluon.jit
-def _dequantise_block(kn, sc_rows, slot, b: gl.constexpr, x, conv: gl.constexpr, ROW0: gl.constexpr):
-    """Block ``b``'s FP8 values ``x`` ``[ROWS, 128]`` of tokens ``ROW0 + i`` times their block
-    scale (row ``slot * 4 + b`` of ``sc_rows``), stored in ``kn``'s dtype to ``kn``'s (those
-    tokens' rows') columns of block ``b``."""
-    ROWS: gl.constexpr = kn.shape[0]
-    scale = sc_rows.index(slot * 4 + b).slice(ROW0, ROWS).load(gl.SliceLayout(1, conv))  # [ROWS]
-    kn.slice(b * FP8_BLOCK, FP8_BLOCK, dim=1).store(_dequantised(x, scale, kn.dtype))
 
 
-@gluon.jit
-def _dequantised(x, scale, dtype: gl.constexpr):
-    """FP8 bytes ``x`` (``[ROWS, 128]`` uint8, e4m3fn bits: one scale block of ``ROWS`` tokens)
-    times their tokens' scales ``scale`` (``[ROWS]`` f32), rounded to ``dtype``: the cache
-    dequantised as ``graphattn.common.kv_layout.dequantize_kv`` does it."""
-    return (x.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scale[:, None]).to(dtype)
-
-
-@gluon.jit
-def _dequantise_tile(t, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope,
-                     BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr):
-    """All of tile ``t``'s rows: :func:`_dequantise_rows` (wgmma_tn's consumers, which own
-    whole tiles)."""
-    _dequantise_rows(t, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope, 0, BLOCK_N, D_NOPE, D_ROPE)
-
-
-@gluon.jit
-def _dequantise_rows(t, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope, ROW0: gl.constexpr,
-                     ROWS: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr):
-    """Consumer side, once tile ``t`` has landed, for its tokens ``[ROW0, ROW0 + ROWS)`` (a
-    token's bytes overlap only its own row): its FP8 bytes, in ``raw``'s columns
-    ``[512, 1024)`` (the upper half of the very bytes of the nope tile), become
-    ``kn[:, 128 b + c] = dtype(float32(fp8[:, 128 b + c]) * scale[:, b])`` in place; with fp16 q
-    the bf16 rope is rounded to fp16 in place. Both views share one 128-byte swizzle, so a
-    128-byte chunk of one is the same bytes in the other: block ``b``'s bytes are chunk
-    ``4 + b``, its values land in chunks ``2b`` and ``2b + 1``. Blocks 0 and 1 write where no
-    FP8 byte is; blocks 2 and 3 are loaded first and written after a barrier (every thread has
-    read every FP8 byte by then). Ends with the fence and barrier the scores' wgmma needs."""
-    slot = t % 2
-    mbarrier.wait(kv_ready.index(slot), (t // 2) & 1)
-    if ROWS == 64:
-        conv: gl.constexpr = DEQ_64
-    else:
-        gl.static_assert(ROWS == 32, "DEQ_32's or DEQ_64's rows")
-        conv: gl.constexpr = DEQ_32
-    raw = k_raw.index(slot).slice(ROW0, ROWS, dim=0)
-    kn = k_nope.index(slot).slice(ROW0, ROWS, dim=0)
-    # The compiler puts a barrier between shared loads and stores of views it cannot tell apart
-    # (these alias), so fewer alternations cost fewer barriers. Up to 32 tokens (wgmma_ws's
-    # halves: 32 registers of bytes) every block is loaded before any store, one alternation
-    # (measured 2-3% faster at 64-128 heads than loading in pairs: docs/benchmarks.md); a whole
-    # 64-token tile (wgmma_tn) loads in pairs, blocks 0 and 1 stored between (all four at once
-    # spill 424 B at 32 heads).
-    x0 = raw.slice(D_NOPE, FP8_BLOCK, dim=1).load(conv)
-    x1 = raw.slice(D_NOPE + FP8_BLOCK, FP8_BLOCK, dim=1).load(conv)
-    if ROWS > 32:
-        _dequantise_block(kn, k_scale_rows, slot, 0, x0, conv, ROW0)
-        _dequantise_block(kn, k_scale_rows, slot, 1, x1, conv, ROW0)
-    x2 = raw.slice(D_NOPE + 2 * FP8_BLOCK, FP8_BLOCK, dim=1).load(conv)
-    x3 = raw.slice(D_NOPE + 3 * FP8_BLOCK, FP8_BLOCK, dim=1).load(conv)
-    _cta_barrier()  # every FP8 byte read: blocks 2 and 3 overwrite them
-    if ROWS <= 32:
-        _dequantise_block(kn, k_scale_rows, slot, 0, x0, conv, ROW0)
-        _dequantise_block(kn, k_scale_rows, slot, 1, x1, conv, ROW0)
-    _dequantise_block(kn, k_scale_rows, slot, 2, x2, conv, ROW0)
-    _dequantise_block(kn, k_scale_rows, slot, 3, x3, conv, ROW0)
-    if k_rope.dtype != gl.bfloat16:  # each thread rewrites the values it read: no barrier needed
-        rl: gl.constexpr = gl.BlockedLayout(
-            size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0])
-        rope = k_rope_bits.index(slot).slice(ROW0, ROWS, dim=0).load(rl)
-        k_rope.index(slot).slice(ROW0, ROWS, dim=0).store(rope.to(k_rope.dtype))
-    fence_async_shared()  # the dequantised tile (generic stores) before wgmma reads it (async proxy)
-    _cta_barrier()  # ... every thread's stores, before this warpgroup's scores
-
-
-@gluon.jit
-def _dequantise_mine(t, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope, d_ready):
-    """The owner's part of tile ``t``: the first half of its tokens (the other consumer does the
-    second in :func:`_other_tile`), then wait until that half is done too."""
-    N: gl.constexpr = k_nope.shape[1]
-    _dequantise_rows(t, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope, 0, N // 2, k_nope.shape[2],
-                     k_rope.shape[2])
-    mbarrier.wait(d_ready.index(t % 2), (t // 2) & 1)
 
 
 @gluon.jit
@@ -535,10 +415,7 @@ def _f32_rows(buf, ROWS: gl.constexpr, CHUNK: gl.constexpr, WIDTH: gl.constexpr)
     """``buf`` (a 64 KB ``[64, 512]`` 16-bit tile) as f32 ``[ROWS // CHUNK, CHUNK, WIDTH]``
     (the layout is one chunk's, :data:`F32_STAGE`: row ``r``'s 32-byte groups are swizzled by
     ``r % 4``, so every ``CHUNK`` that is a multiple of 4 sees the same bytes in the same places)."""
-    if _NEW_REINTERPRET:
-        view = buf.reinterpret(gl.float32, [ROWS // CHUNK, CHUNK, WIDTH], F32_STAGE)
-    else:
-        view = buf._reinterpret(gl.float32, [ROWS // CHUNK, CHUNK, WIDTH], F32_STAGE)
+    view = _reinterpret(buf, gl.float32, [ROWS // CHUNK, CHUNK, WIDTH], F32_STAGE)
     return view
 
 
@@ -612,10 +489,7 @@ def _producer_merge(q_nope, k_nope, stat_m, wts, out_ptr, lse_ptr, ws_out_ptr, w
     mine = _f32_rows(k_nope.index(split), BLOCK_H, CHUNK, HALF)
     # the same bytes, as rows (triton 3.6 takes a row's layout from the parent's: here one row's)
     row_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
-    if _NEW_REINTERPRET:
-        w_rows = wts.reinterpret(gl.float32, [2 * NCH, CHUNK], row_layout)
-    else:
-        w_rows = wts._reinterpret(gl.float32, [2 * NCH, CHUNK], row_layout)
+    w_rows = _reinterpret(wts, gl.float32, [2 * NCH, CHUNK], row_layout)
     o_row = out_ptr + row.to(gl.int64) * H * D_NOPE
     for c in range(0, NCH):
         h = hb * BLOCK_H + c * CHUNK + gl.arange(0, CHUNK, layout=rows_l)
@@ -634,7 +508,8 @@ def _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, str
     f32, columns ``WG * 256``) into the workspace, and with ``LSE`` the split's lse (``lse`` and
     its heads ``h_s`` ``[BLOCK_H]``). ``NATIVE``: 0 head-major f32 rows; 1 f32 in the
     accumulator's own order; 2 the same order in ``DTYPE16`` (q's dtype), in the first half of
-    the head block's f32 region of the split (what :func:`_flashmla_combine_native_kernel` reads).
+    the head block's f32 region of the split (what
+    :func:`graphattn.kernels.wgmma_combine._flashmla_combine_native_kernel` reads).
     The native order holds the block's ``R = min(64, H - 64 hb)`` heads only (``H`` a multiple
     of 16): the rows of the accumulator's warps that hold heads ``>= H`` are neither stored nor
     given room, so a partly-masked block's partial is as compact as its heads."""
@@ -667,93 +542,6 @@ def _store_partial(out, lse, h_s, ws_out_ptr, ws_lse_ptr, row, hb, split, H, str
         gl.store(ws_lse_ptr + row.to(gl.int64) * stride_lr + split * stride_ls + h_s, lse, mask=h_s < H)
 
 
-@gluon.jit
-def _flashmla_combine_native_kernel(
-    ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr, H, num_splits,
-    stride_wr, stride_ws, stride_wh, stride_lr, stride_ls,
-    BLOCK_S: gl.constexpr, D_NOPE: gl.constexpr, PDL: gl.constexpr = 0, PARTIAL_16: gl.constexpr = 0,
-    HOLD_SMEM: gl.constexpr = 0, RUNS: gl.constexpr = 1,
-):
-    """flashmla's combine of partials stored in the accumulator's order (``NATIVE`` of
-    :func:`_store_partial`; ``H`` a multiple of 16): ``out`` ``[rows, H, D_NOPE]`` in q's dtype and
-    natural-log ``lse`` ``[rows, H]`` f32 from ``ws_out`` ``[rows, >= num_splits, H, D_NOPE]`` and
-    ``ws_lse`` ``[rows, >= num_splits, H]`` f32, as ``_flashmla_combine_kernel`` does for head-major
-    partials (``PARTIAL_16``: stored in ``out``'s dtype, ``NATIVE=2``). A head block of
-    ``R = min(64, H - 64 hb)`` heads holds 64 runs of ``8 R`` values: run ``g`` holds columns
-    ``[8 g, 8 g + 8)`` of the block's heads as ``[R k, 8 c]``, row ``k`` being head
-    ``16 (k' // 8) + 8 (k // (R / 2)) + k' % 8`` with ``k' = k % (R / 2)`` (for ``R`` 64:
-    ``16 (k // 8 % 4) + 8 (k // 32) + k % 8``). One program per (row, head block, ``RUNS``
-    consecutive runs), grid ``rows * cdiv(H, 64) * 64 / RUNS``, ``num_warps=4 * RUNS`` (a power
-    of two up to 8: four warps a run); ``BLOCK_S`` (a power of two >= 2) >= ``num_splits``.
-    ``HOLD_SMEM``: bytes of shared memory the launch reserves for each program
-    (``graphattn.kernels.launch.Launch``; unused here), so that programs placed early by a
-    programmatic dependent launch (``PDL``) do not share an SM."""
-    # Each thread holds [BLOCK_S / 2 splits, 1 head, 8 columns]: a head's weight multiplies its 8
-    # columns in registers and the sum over the splits stays in the thread but for one shuffle:
-    # no shared memory and no barrier (a Triton combine of the same tile converted the
-    # weights' layout through shared memory: 13 barriers).
-    gl.static_assert(BLOCK_S <= 32, "at most 32 splits (graphattn.cuda.configs.FLASHMLA_MAX_SPLITS)")
-    gl.static_assert((D_NOPE // 8) % RUNS == 0, "a program's runs divide the head block's D_NOPE / 8")
-    # A run's 8 columns to each of its four warps' threads; the runs' warps side by side, so a
-    # thread's registers are the same at every RUNS (the split count sets them).
-    L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[BLOCK_S // 2, 1, 8], threads_per_warp=[2, 16, 1],
-                                        warps_per_cta=[1, 4, RUNS], order=[2, 1, 0])
-    L2: gl.constexpr = gl.SliceLayout(2, L3)  # [BLOCK_S, 64]: the splits' lse
-    LO: gl.constexpr = gl.SliceLayout(0, L3)  # [64, 8 * RUNS]: the output
-    if PDL:  # launched before the split kernel finished: wait for it (and its stores) here
-        _gdc_wait()
-    PROGRAMS: gl.constexpr = D_NOPE // 8 // RUNS  # a head block's programs
-    pid = gl.program_id(0)
-    g = (pid % PROGRAMS) * RUNS  # the program's first run
-    n_hb = (H + 63) // 64
-    hb = (pid // PROGRAMS) % n_hb
-    row = (pid // (PROGRAMS * n_hb)).to(gl.int64)
-    R = gl.minimum(H - hb * 64, 64)  # the block's heads (a partly-masked last block stores only its own)
-    s = gl.expand_dims(gl.arange(0, BLOCK_S, layout=gl.SliceLayout(1, L2)), 1)
-    k1 = gl.arange(0, 64, layout=gl.SliceLayout(0, L2))
-    k = gl.expand_dims(k1, 0)
-    c = gl.arange(0, 8 * RUNS, layout=gl.SliceLayout(0, LO))  # the program's columns
-    c_run = (c // 8) * (8 * R) + c % 8  # their offsets in the partial: run c // 8's column c % 8
-    s_mask = s < num_splits
-    sk_mask = s_mask & (k < R)
-    # The partials' loads first, so that their latency overlaps the lse's and its reductions.
-    # NATIVE == 2 of _store_partial (PARTIAL_16): out's dtype, in the first half of each block's f32
-    # region, element offsets doubled in the 16-bit view
-    if PARTIAL_16:
-        run = ws_out_ptr.to(gl.pointer_type(out_ptr.dtype.element_ty)) + 2 * (row * stride_wr + hb * 64 * stride_wh)
-    else:
-        run = ws_out_ptr + row * stride_wr + hb * 64 * stride_wh
-    wide: gl.constexpr = 2 if PARTIAL_16 else 1
-    run = run + g * 8 * R
-    o_s = gl.load(run + gl.expand_dims(wide * s * stride_ws + k * 8, 2) + gl.expand_dims(gl.expand_dims(c_run, 0), 0),
-                  mask=gl.expand_dims(sk_mask, 2), other=0.0).to(gl.float32)  # [BLOCK_S, 64, 8 * RUNS]
-    h1 = hb * 64 + _native_head(k1, R)
-    lse_s = gl.load(ws_lse_ptr + row * stride_lr + s * stride_ls + gl.expand_dims(h1, 0), mask=sk_mask,
-                    other=float("-inf"))
-    m = gl.max(lse_s, axis=0)
-    m_ref = gl.where(m == float("-inf"), 0.0, m)
-    w2 = gl.exp(lse_s - gl.expand_dims(m_ref, 0))  # 0 for empty and unused splits
-    w = gl.expand_dims(w2, 2)
-    w_sum = gl.sum(w, axis=0)  # [64, 1], in the output's layout
-    out = gl.sum(w * o_s, axis=0) / gl.where(w_sum == 0.0, 1.0, w_sum)
-    ko = gl.arange(0, 64, layout=gl.SliceLayout(1, LO))
-    ho = gl.expand_dims(hb * 64 + _native_head(ko, R), 1)
-    gl.store(out_ptr + (row * H + ho) * D_NOPE + g * 8 + gl.expand_dims(c, 0), out.to(out_ptr.dtype.element_ty),
-             mask=gl.expand_dims(ko < R, 1))
-    if g == 0:
-        l = gl.sum(w2, axis=0)  # [64], in the lse's layout
-        lse = gl.where(l == 0.0, float("-inf"), m_ref + gl.log(gl.where(l == 0.0, 1.0, l)))
-        gl.store(lse_ptr + row * H + h1, lse, mask=k1 < R)
-
-
-@gluon.jit
-def _native_head(k, R):
-    """The head (within its block of ``R``) of row ``k`` of a native run (see
-    :func:`_flashmla_combine_native_kernel`); any value for ``k >= R``."""
-    half = R // 2
-    upper = k >= half
-    kk = gl.where(upper, k - half, k)
-    return (kk // 8) * 16 + upper.to(gl.int32) * 8 + kk % 8
 
 
 @gluon.jit
@@ -798,10 +586,7 @@ def _merge_pair(out, lse, q_nope, stat_w, out_ptr, lse_ptr, ws_out_ptr, ws_lse_p
     lse_p = gl.load(ws_lse_ptr + row.to(gl.int64) * stride_lr + peer * stride_ls + h_s, mask=h_s < H,
                     other=float("-inf"), cache_modifier=".cg")
     w_me, w_p, inv, top, den = _pair_weights(lse, lse_p)
-    if _NEW_REINTERPRET:
-        stage = q_nope.index(0).reinterpret(gl.float32, [BLOCK_H, HALF], F32_STAGE)
-    else:
-        stage = q_nope.index(0)._reinterpret(gl.float32, [BLOCK_H, HALF], F32_STAGE)
+    stage = _reinterpret(q_nope.index(0), gl.float32, [BLOCK_H, HALF], F32_STAGE)
     stage.store(out * gl.convert_layout(w_me * inv, row_o)[:, None])
     # stat_w (wgmma_rr's row max) is free: both consumers are past their loops (the sums' exchange).
     stat_w.store(w_p * inv)
@@ -846,33 +631,6 @@ def _store_rows(stage, vals, dst, row_stride, h0, H, ROWS: gl.constexpr, WIDTH: 
         v = stage.slice(r, CHUNK, dim=0).load(layout)
         gl.store(dst + h.to(gl.int64)[:, None] * row_stride + d[None, :], v, mask=(h < H)[:, None])
 
-
-@gluon.jit
-def _fp8_views(k_nope, k_rope, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr,
-               D_ROPE: gl.constexpr):
-    """The shared memory a KV ring of 656-byte FP8 tokens adds to the plain one (``k_nope``
-    ``[STAGES, BLOCK_N, 512]``, ``k_rope`` ``[STAGES, BLOCK_N, 64]``, NVMMA 128-byte swizzle):
-    ``(k_raw, k_scale, k_rope_bits, k_scale_rows)``, the nope tiles' bytes as uint8 (the FP8
-    bytes land in their upper half, dequantised into the tile in place), a 2 KB block-major ring
-    of the tokens' scales (shared memory has room for nothing larger), the rope tiles as bf16
-    (fp16 q rounds them in place) and the scale ring as ``[STAGES * 4, BLOCK_N]`` rows (slot * 4
-    + block: one block's scales)."""
-    smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    raw_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
-    rows_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-    if _NEW_REINTERPRET:
-        k_raw = k_nope.reinterpret(gl.uint8, [STAGES, BLOCK_N, 2 * D_NOPE], raw_layout)
-    else:
-        k_raw = k_nope._reinterpret(gl.uint8, [STAGES, BLOCK_N, 2 * D_NOPE], raw_layout)
-    k_scale = gl.allocate_shared_memory(gl.float32, [STAGES, 4, BLOCK_N], gl.SwizzledSharedLayout(
-        vec=1, per_phase=1, max_phase=1, order=[1, 0]))
-    if _NEW_REINTERPRET:
-        k_scale_rows = k_scale.reinterpret(gl.float32, [STAGES * 4, BLOCK_N], rows_layout)
-        k_rope_bits = k_rope.reinterpret(gl.bfloat16, [STAGES, BLOCK_N, D_ROPE], smem_layout)
-    else:
-        k_scale_rows = k_scale._reinterpret(gl.float32, [STAGES * 4, BLOCK_N], rows_layout)
-        k_rope_bits = k_rope._reinterpret(gl.bfloat16, [STAGES, BLOCK_N, D_ROPE], smem_layout)
-    return k_raw, k_scale, k_rope_bits, k_scale_rows
 
 
 @gluon.jit
