@@ -45,6 +45,14 @@ def _running(pid: int) -> bool:
     return state != "Z"
 
 
+def _sigint_default() -> None:
+    """In the launcher's process before exec: SIGINT at its default, as an interactive shell
+    starts a command. pytest run as a background job of a non-interactive shell inherits SIGINT
+    ignored, which the launcher would inherit too, and Python then installs no KeyboardInterrupt
+    handler: the SIGINT case would not test the launcher."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_interrupted_launcher_stops_its_ranks(signum, tmp_path):
@@ -57,7 +65,7 @@ def test_interrupted_launcher_stops_its_ranks(signum, tmp_path):
     with open(err_path, "w") as err:
         # Its own session: the signal reaches the launcher only, as `kill PID` does.
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_sigint_default)
     ranks: list[int] = []
     try:
         deadline = time.monotonic() + 240
