@@ -66,6 +66,13 @@ ROUNDS, SLOTS = 64, 32  # 8 KB a program
 WORDS = ROUNDS * SLOTS
 
 
+def clocks(rounds: int, slots: int) -> str:
+    """The Gluon helpers an instrumented kernel gets (:data:`CLOCKS`), for ``rounds`` rounds of
+    ``slots`` stamps a program."""
+    text = CLOCKS.replace("@SLOTS@", str(slots)).replace("@ROUNDS@", str(rounds))
+    return text.replace("@WORDS@", str(rounds * slots)).rstrip("\n") + "\n"
+
+
 def _timed(body: str, slot: str, indent: str) -> str:
     """``body`` (lines at ``indent``) with the cycles it takes stored in this round's ``slot``."""
     return f"{indent}_t = _clk()\n{body}{indent}_put(ws_out_ptr, out_ptr, DIRECT, r, {slot}, _clk() - _t)\n"
@@ -89,10 +96,11 @@ def _insert(src: str, anchor: str, text: str, after: bool = False) -> str:
     return src.replace(anchor, anchor + text if after else text + anchor)
 
 
-def _round_start(base: str, indent: str) -> str:
-    """Lines stamping %clock and %globaltimer_lo at a round's start."""
-    return (f"{indent}_put(ws_out_ptr, out_ptr, DIRECT, r, {base} + {CLOCK}, _clk())\n"
-            f"{indent}_put(ws_out_ptr, out_ptr, DIRECT, r, {base} + {TIMER}, _ns())\n")
+def _round_start(base: str, indent: str, clock: int = CLOCK) -> str:
+    """Lines stamping %clock and %globaltimer_lo at a round's start (slots ``base + clock`` and
+    the next)."""
+    return (f"{indent}_put(ws_out_ptr, out_ptr, DIRECT, r, {base} + {clock}, _clk())\n"
+            f"{indent}_put(ws_out_ptr, out_ptr, DIRECT, r, {base} + {clock + 1}, _ns())\n")
 
 
 def instrumented_source(consumers: bool = True, producer: bool = True) -> str:
@@ -100,8 +108,7 @@ def instrumented_source(consumers: bool = True, producer: bool = True) -> str:
     src = open(KERNEL).read()
     src = src.replace("from .wgmma import", "from graphattn.kernels.wgmma import")
     src = src.replace("from .wgmma_ws import", "from graphattn.kernels.wgmma_ws import")
-    clocks = CLOCKS.replace("@SLOTS@", str(SLOTS)).replace("@ROUNDS@", str(ROUNDS)).replace("@WORDS@", str(WORDS))
-    src = _insert(src, "\n\n@gluon.jit\ndef _gather_half(", clocks.rstrip("\n") + "\n")
+    src = _insert(src, "\n\n@gluon.jit\ndef _gather_half(", clocks(ROUNDS, SLOTS))
     if consumers:
         src = _consumers(src)
     if producer:
@@ -147,15 +154,18 @@ def _producer(src: str) -> str:
     return src
 
 
-def report(p, rounds: int) -> None:
+def report(p, rounds: int, partitions=None, clock: int = CLOCK) -> None:
     """Per partition, each wait's time in the steady rounds (1 and later; us a round: mean over
     programs and rounds, and the 90th percentile of the programs' means) and in round 0, from
-    ``p`` ``[programs, ROUNDS, SLOTS]`` (int64) and the split's ``rounds``."""
-    kept = min(rounds, ROUNDS)
-    for name, labels in (("consumer 0", CONSUMER), ("consumer 1", CONSUMER), ("producer", PRODUCER)):
-        base = BASES[name]
-        clk = p[:, :kept, base + CLOCK]
-        ns = p[:, :kept, base + TIMER]
+    ``p`` ``[programs, kept rounds, slots]`` (int64) and the split's ``rounds``. ``partitions``:
+    ``(name, first slot, labels)`` each (default wgmma_rr's), their round-start stamps at
+    ``first slot + clock`` and the next."""
+    if partitions is None:
+        partitions = [(name, BASES[name], PRODUCER if name == "producer" else CONSUMER) for name in BASES]
+    kept = min(rounds, p.shape[1])
+    for name, base, labels in partitions:
+        clk = p[:, :kept, base + clock]
+        ns = p[:, :kept, base + clock + 1]
         if kept < 2:
             print(f"  {name}: one round only")
             continue

@@ -120,7 +120,7 @@ def report(g, c, names, entry: int, ends) -> None:
               f"{rel.median():7.2f} max {rel.max():7.2f} | from its own start: median {own.median():7.2f}")
 
 
-def probe_launch(spec: str, kernel: str, module: str, words: int = 64, dtype=None):
+def probe_launch(spec: str, kernel: str, module: str, words: int = 64, dtype=None, kv_fp8: bool = False):
     """flashmla's plan for ``spec`` (``HEADSxROWSxTOPK``) with its Gluon ``kernel`` (a key of
     ``GLUON_KERNELS``) taken from the instrumented module ``graphattn.kernels.<module>``
     (:func:`load_module`), its combine left out. Returns ``(plan, launch)``: ``launch(shift=0)``
@@ -128,7 +128,8 @@ def probe_launch(spec: str, kernel: str, module: str, words: int = 64, dtype=Non
     in L2), and returns the last call's stamps ``[programs, 64]`` (f64: globaltimer in slots
     0-31, clock64 in 32-63, the SM in 31); ``None`` for a launch of clusters, whose CTAs use both
     the workspace and the output, leaving no room for the stamps. ``words``, ``dtype``: a
-    program's stamps are ``words`` values of ``dtype`` instead (returned as int64, not f64)."""
+    program's stamps are ``words`` values of ``dtype`` instead (returned as int64, not f64);
+    ``kv_fp8``: 656-byte FP8 tokens."""
     import dataclasses
 
     import torch
@@ -139,10 +140,10 @@ def probe_launch(spec: str, kernel: str, module: str, words: int = 64, dtype=Non
 
     flashmla.GLUON_KERNELS[kernel] = (module, flashmla.GLUON_KERNELS[kernel][1])
     h, r, t = (int(x) for x in spec.split("x"))
-    sets = make_copies(r, h, t, 8)
-    md = GraphMetadata(r, h, t, torch.bfloat16, "cuda", **split_plan("flashmla", h, t).metadata_kwargs())
+    sets = make_copies(r, h, t, 8, kv_fp8=kv_fp8)
+    md = GraphMetadata(r, h, t, torch.bfloat16, "cuda", **split_plan("flashmla", h, t, kv_fp8=kv_fp8).metadata_kwargs())
     ws_out, ws_lse = md.workspace_for(r)
-    plan = flashmla.plan_flashmla(r, h, t, ws_out.shape[1])
+    plan = flashmla.plan_flashmla(r, h, t, ws_out.shape[1], kv_fp8=kv_fp8)
     assert plan.kernel == kernel, f"{spec} runs {plan.kernel}, not {kernel}"
     if plan.main.cluster > 1:
         return None

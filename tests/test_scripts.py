@@ -43,7 +43,8 @@ def test_probe_hooks_every_milestone_once(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name,kernel,module", [("ws_probe", "flashmla_wgmma_ws", "wsprobe"),
                                                 ("rr_probe", "flashmla_wgmma_rr", "rrprobe"),
-                                                ("rr_waits", "flashmla_wgmma_rr", "rrwaits")])
+                                                ("rr_waits", "flashmla_wgmma_rr", "rrwaits"),
+                                                ("ws_waits", "flashmla_wgmma_ws", "wswaits")])
 def test_instrumented_probe_kernels_compile_for_sm90(name, kernel, module):
     """The probes' instrumented kernels compile for sm_90 as a launch with splits runs them (no GPU):
     each hook sits in a function that has the probe's arguments (a hook in one that lacks them,
@@ -99,6 +100,28 @@ def test_rr_waits_times_every_wait_of_both_consumers_and_the_producer():
     assert len(puts) == 15 + 18, len(puts)
     assert src.count("mbarrier.wait(free.index(") == 8  # the explicit ones (_gather_half waits on its own `free`)
     assert max(base + waits.TIMER, 10 + waits.TIMER) < waits.SLOTS
+
+
+def test_ws_waits_times_each_step_of_a_pair_of_tiles():
+    """ws_waits still finds wgmma_ws's steps: per pair of tiles each consumer times the other's
+    tile landing, its half dequantised and its P (inside _other_tile, which gets the stamps'
+    arguments at both calls), its own tile landing (FP8 before its half's dequantisation, bf16
+    before its scores), its half, the other's half of it, the other's P V, its scores and its own
+    tile; the producer each slot's free wait and copies; every slot a label's, and the last other
+    tile after the loop stores nothing (a round past those kept)."""
+    waits = _load("ws_waits")
+    src = waits.instrumented_source()
+    compile(src, "ws_waits.py", "exec")
+    puts = [line.strip() for line in src.splitlines() if line.strip().startswith("_put(ws_out_ptr, out_ptr, DIRECT, r, ")]
+    slots = {line.split(", r, ")[1].rsplit(", ", 1)[0] for line in puts}
+    consumer = {f"WG * 12 + {i}" for i in range(len(waits.CONSUMER) + 2)}
+    producer = {"24 + j % 2", "26 + j % 2", f"24 + {waits.CLOCK}", f"24 + {waits.CLOCK + 1}"}
+    assert slots == consumer | producer, sorted(slots ^ (consumer | producer))
+    assert src.count("fp8, ws_out_ptr, out_ptr, DIRECT, r)") == 2  # both calls of _other_tile
+    assert src.count("fp8, ws_out_ptr, out_ptr, DIRECT: gl.constexpr, r):") == 1  # and its signature
+    assert f"        r = {waits.NOWHERE}\n" in src and waits.NOWHERE >= waits.ROUNDS
+    assert "_dequantise_mine(t," not in src  # replaced by its timed steps
+    assert max(waits.BASES.values()) + waits.CLOCK + 1 < waits.SLOTS
 
 
 def test_rr_waits_report_reads_wrapped_32_bit_clocks(capsys):
