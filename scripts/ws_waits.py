@@ -52,6 +52,9 @@ def _consumers(src: str) -> str:
     """The consumer loop's waits, a round being the other's tile and mine (``r = t // 2``)."""
     loop = "    for t in range(2 - WG, n_tiles, 2):\n"
     src = _insert(src, loop, "        r = t // 2\n" + _round_start("WG * 12", "        ", CLOCK), after=True)
+    # consumer 0's round 0 is its tile 0, before the loop
+    src = _insert(src, "    if WG == 0:\n        if n_tiles > 0:\n",
+                  "            r = 0\n" + _round_start("WG * 12", "            ", CLOCK), after=True)
     # _other_tile times its own waits (below): both its calls pass the stamps' arguments, the
     # last other tile after the loop a round that is not kept
     tail = "    if (n_tiles > 0) & ((n_tiles - 1) % 2 != WG):\n"

@@ -121,6 +121,7 @@ def test_ws_waits_times_each_step_of_a_pair_of_tiles():
     assert src.count("fp8, ws_out_ptr, out_ptr, DIRECT: gl.constexpr, r):") == 1  # and its signature
     assert f"        r = {waits.NOWHERE}\n" in src and waits.NOWHERE >= waits.ROUNDS
     assert "_dequantise_mine(t," not in src  # replaced by its timed steps
+    assert src.count(f"WG * 12 + {waits.CLOCK}, _clk())") == 2  # round 0 (consumer 0's tile 0) and the loop's
     assert max(waits.BASES.values()) + waits.CLOCK + 1 < waits.SLOTS
 
 
