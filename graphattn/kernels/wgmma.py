@@ -1,7 +1,7 @@
 """Gluon pieces for flashmla's sm_90 split kernels (``wgmma_ws`` and, at <= 32 heads,
 ``wgmma_tn``; bf16/fp16 kv and 656-byte FP8 tokens): the program's place in the grid, index
-loads, the 16-byte ``cp.async`` copies of q and of a KV tile, and the early signal of a
-programmatic dependent launch.
+loads, the 16-byte ``cp.async`` copies of q and of a KV tile, shared-memory views of another
+dtype, and the early signal of a programmatic dependent launch.
 
 Conventions of every kernel here are those of ``_flashmla_split_kernel``
 (graphattn.kernels.flashmla): one program per (row, split, head block of 64, or 16/32 in
