@@ -18,6 +18,9 @@ warp-specialised one at 4e1066f; its schedule lived on in an 8-warp FP8 kernel u
 
 from __future__ import annotations
 
+import re
+
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as _async_copy
@@ -27,6 +30,18 @@ _async_load = getattr(_async_copy, "async_load", None) or _async_copy.async_copy
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 # Shared-memory views of another dtype: ``reinterpret`` from triton 3.7 on, ``_reinterpret`` before.
 _NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+# triton 3.9 keeps what it derives from a shared-memory slot known at compile time live into
+# the loop that follows: wgmma_ws's consumer 0 runs its tile 0 before its loop, and with the tile
+# index a constant ptxas spilled 284 B a thread in the consumers (392 with FP8 tokens); behind
+# an index it cannot see through, 32 (84). Under triton 3.6 the same opaque index costs 284 B
+# and the constant none, so each compiler gets its own (only 3.6 and 3.9 were compiled).
+_OPAQUE_TILE0 = gl.constexpr(tuple(map(int, re.match(r"(\d+)\.(\d+)", triton.__version__).groups())) >= (3, 9))
+
+
+@gluon.jit
+def _opaque_zero():
+    """An int32 0 the compiler cannot know (inline PTX, not hoisted or folded)."""
+    return gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit

@@ -62,6 +62,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .wgmma import (
+    _OPAQUE_TILE0,
     _async_load,
     _cluster_arrive,
     _cluster_wait,
@@ -70,6 +71,7 @@ from .wgmma import (
     _launch_dependents,
     _load_indices,
     _load_q,
+    _opaque_zero,
     _prefetch_indices_l2,
     _program_split,
     _reinterpret,
@@ -307,13 +309,17 @@ def _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
     # issues it, so only plain tensors cross the loop.
     if WG == 0:
         if n_tiles > 0:
+            if _OPAQUE_TILE0:  # tile 0's index hidden from triton 3.9 (see graphattn.kernels.wgmma)
+                t0 = _opaque_zero()
+            else:
+                t0 = 0
             idx_s = _load_indices(idx_row_ptr, start, end, BLOCK_N, idx_layout)
             if KV_FP8:
-                _dequantise_mine(0, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope, d_ready)
-            s = _issue_scores(q_nope, q_rope, k_nope, k_rope, kv_ready, 0, (n_tiles < 0).to(gl.int32), s_layout,
+                _dequantise_mine(t0, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope, d_ready)
+            s = _issue_scores(q_nope, q_rope, k_nope, k_rope, kv_ready, t0, (n_tiles < 0).to(gl.int32), s_layout,
                               BLOCK_H, BLOCK_N)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-            m, l, acc = _own_tile(s, idx_s, 0, m, l, acc, k_nope, k_rope, stat_m, p_ready, kv_free, pool,
+            m, l, acc = _own_tile(s, idx_s, t0, m, l, acc, k_nope, k_rope, stat_m, p_ready, kv_free, pool,
                                   qk_scale, row_o, HALF, WG)
     for t in range(2 - WG, n_tiles, 2):
         # My tile's indices load while I wait for the other's P (off the softmax's path).
