@@ -119,7 +119,7 @@ def instrumented_source(consumers: bool = True, producer: bool = True) -> str:
 def _consumers(src: str) -> str:
     """Every consumer wait timed (:data:`CONSUMER`'s slots from ``WG * 10``)."""
     slot = {name: f"WG * 10 + {i}" for i, name in enumerate(CONSUMER)}
-    src = _insert(src, "        q0 = (r + n_rounds < 0).to(gl.int32)", _round_start("WG * 10", "        "))
+    src = _insert(src, "        q0 = _unknown_zero(r, n_rounds)", _round_start("WG * 10", "        "))
     for tile, half, first in ((0, 0, True), (0, 1, False), (1, 1, True), (1, 0, False)):
         args = "zeros_s, False" if first else "s, True"
         line = f"            s = _scores_half(q_nope, q_rope, k_nope, k_rope, ready, {tile}, {half}, ph, q0, {args})\n"

@@ -73,7 +73,7 @@ def _consumers(src: str) -> str:
     src = src.replace(steps + mine, steps, 1)  # the call itself goes
     src = _wrap(src, "        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))\n"
                      "        mbarrier.arrive(kv_free.index((t - 1) % 2))\n", _slot("other's P V"))
-    scores = "        s = _issue_scores(q_nope, q_rope, k_nope, k_rope, kv_ready, t, (t + n_tiles < 0).to(gl.int32)"
+    scores = "        s = _issue_scores(q_nope, q_rope, k_nope, k_rope, kv_ready, t, _unknown_zero(t, n_tiles)"
     landed = _timed("            mbarrier.wait(kv_ready.index(t % 2), (t // 2) & 1)\n", _slot("mine landed"),
                     "            ")
     src = _insert(src, scores, "        if KV_FP8 == 0:  # (FP8: waited for before my half's dequantisation)\n" + landed)

@@ -30,18 +30,32 @@ _async_load = getattr(_async_copy, "async_load", None) or _async_copy.async_copy
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 # Shared-memory views of another dtype: ``reinterpret`` from triton 3.7 on, ``_reinterpret`` before.
 _NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
-# triton 3.9 keeps what it derives from a shared-memory slot known at compile time live into
-# the loop that follows: wgmma_ws's consumer 0 runs its tile 0 before its loop, and with the tile
-# index a constant ptxas spilled 284 B a thread in the consumers (392 with FP8 tokens); behind
-# an index it cannot see through, 32 (84). Under triton 3.6 the same opaque index costs 284 B
-# and the constant none, so each compiler gets its own (only 3.6 and 3.9 were compiled).
-_OPAQUE_TILE0 = gl.constexpr(tuple(map(int, re.match(r"(\d+)\.(\d+)", triton.__version__).groups())) >= (3, 9))
+# Indices that are 0 but that the compiler must not know to be: the wgmma descriptors built from
+# a known slot are loop-invariant, hoisted and held in registers across the loop (72 of q's: ~144
+# registers). Under triton 3.6 ``(a + b < 0)`` of two values >= 0 hides the 0; triton 3.9's range
+# analysis folds it, so from 3.9 on the 0 comes from inline PTX (ptxas under 3.9, bytes spilled a
+# thread: wgmma_ws 240-416 -> 4-96, wgmma_rr 8-24 -> 0, wgmma_tn's raw tile 88-100 -> 16; its in-place
+# tiles keep the foldable form, ``OPAQUE=0``: 8 B there, 104 opaque). wgmma_ws's consumer 0 runs its tile 0
+# before its loop with a constant index under 3.6 (hidden there, it spills 284 B) and a hidden
+# one from 3.9 (constant there, the same 268-416 B). Only triton 3.6 and 3.9 were compiled.
+_OPAQUE_ZERO = gl.constexpr(tuple(map(int, re.match(r"(\d+)\.(\d+)", triton.__version__).groups())) >= (3, 9))
 
 
 @gluon.jit
 def _opaque_zero():
     """An int32 0 the compiler cannot know (inline PTX, not hoisted or folded)."""
     return gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _unknown_zero(a, b, OPAQUE: gl.constexpr = 1):
+    """0 (int32) for ``a, b >= 0``, which the compiler is not to know: see :data:`_OPAQUE_ZERO`
+    (``OPAQUE=0``: ``(a + b < 0)`` under every triton, where 3.9 folding it measured better)."""
+    z = (a + b < 0).to(gl.int32)
+    if OPAQUE:
+        if _OPAQUE_ZERO:
+            z = _opaque_zero()
+    return z
 
 
 @gluon.jit

@@ -49,6 +49,7 @@ from .wgmma import (
     _load_indices,
     _prefetch_indices_l2,
     _program_split,
+    _unknown_zero,
 )
 from .wgmma_ws import CONSUMER_REGS, GATHER_R, _finish, _load_q_first
 
@@ -205,7 +206,7 @@ def _consumer_rr(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out
     zeros_s = gl.zeros([BLOCK_H, TILE], gl.float32, layout=s_layout)
     for r in range(0, n_rounds):
         ph = r & 1
-        q0 = (r + n_rounds < 0).to(gl.int32)  # 0, not known to be: q's descriptors stay in the loop
+        q0 = _unknown_zero(r, n_rounds)  # 0, not known to be: q's descriptors stay in the loop
         # My tile's indices (for the mask) load while its scores wait and run (off the softmax's path).
         idx = _load_indices(idx_row_ptr, start + r * BLOCK_N + WG * TILE, end, TILE, gl.SliceLayout(0, s_layout))
         if WG == 0:  # k0: L, then R

@@ -50,7 +50,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .wgmma import _cta_barrier, _launch_dependents, _load_indices, _program_split, _reinterpret
+from .wgmma import (
+    _cta_barrier,
+    _launch_dependents,
+    _load_indices,
+    _program_split,
+    _reinterpret,
+    _unknown_zero,
+)
 from .wgmma_dequant import DEQ_32, FP8_BLOCK, _dequantise_block, _dequantise_tile, _dequantised, _fp8_views
 from .wgmma_ws import CONSUMER_REGS, F32_STAGE, _producer
 
@@ -105,18 +112,19 @@ def _consumer_t(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_
         idx_s = _load_indices(idx_row_ptr, start + t * BLOCK_N, end, BLOCK_N, tok_s)
         if RAW_TILE:
             s = _scores_from_raw(t, kv_ready, kv_free, k_raw, k_scale_rows, k_rope_bits, q_nope, q_rope,
-                                 k_nope.index(WG), (t + n_tiles < 0).to(gl.int32), s_layout, WG)
+                                 k_nope.index(WG), _unknown_zero(t, n_tiles), s_layout, WG)
         else:
             if KV_FP8:
                 _dequantise_tile(t, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope, BLOCK_N, D_NOPE,
                                  D_ROPE)
-            # q's descriptors from an index that is 0 but not known to be (see wgmma_ws._issue_scores).
-            s = _scores_t(q_nope, q_rope, k_nope, k_rope, kv_ready, t, (t + n_tiles < 0).to(gl.int32), s_layout,
+            # q's descriptors from an index that is 0 but not known to be (see wgmma_ws._issue_scores);
+            # the foldable form under triton 3.9 too (opaque, ptxas spilled 104 B at 32 heads against 8).
+            s = _scores_t(q_nope, q_rope, k_nope, k_rope, kv_ready, t, _unknown_zero(t, n_tiles, 0), s_layout,
                           BLOCK_H, BLOCK_N)
         m, l_part, acc = _softmax_t(s, idx_s, pool, qk_scale, m, l_part, acc, p_mine)
         # V^T's 32 descriptors from a slot index that is WG but not known to be: hoisted out of
         # the loop they would hold 64 registers across it (and spill).
-        v_slot = WG + (t + n_tiles < 0).to(gl.int32)
+        v_slot = WG + _unknown_zero(t, n_tiles, RAW_TILE)
         acc = warpgroup_mma(k_nope.index(v_slot).permute((1, 0)), p_mine, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         if RAW_TILE == 0:
@@ -192,7 +200,7 @@ def _consumer_ring(smem, bars, idx_ptr, out_ptr, lse_ptr, ws_out_ptr, ws_lse_ptr
     for t in range(0, n_tiles):
         r = t % RING
         # Descriptors from an index that is 0 but not known to be (see wgmma_ws._issue_scores).
-        z = (t + n_tiles < 0).to(gl.int32)
+        z = _unknown_zero(t, n_tiles)
         idx_s = _load_indices(idx_row_ptr, start + t * BLOCK_N, end, BLOCK_N, tok_s)
         mbarrier.wait(kv_ready.index(r), (t // RING) & 1)
         raw = k_raw.index(r).slice(ROW0, ROWS, dim=0)

@@ -62,7 +62,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .wgmma import (
-    _OPAQUE_TILE0,
+    _OPAQUE_ZERO,
     _async_load,
     _cluster_arrive,
     _cluster_wait,
@@ -75,6 +75,7 @@ from .wgmma import (
     _prefetch_indices_l2,
     _program_split,
     _reinterpret,
+    _unknown_zero,
 )
 from .wgmma_dequant import (
     FP8_BLOCK,
@@ -309,14 +310,14 @@ def _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
     # issues it, so only plain tensors cross the loop.
     if WG == 0:
         if n_tiles > 0:
-            if _OPAQUE_TILE0:  # tile 0's index hidden from triton 3.9 (see graphattn.kernels.wgmma)
+            if _OPAQUE_ZERO:  # tile 0's index: a constant under triton 3.6 (see graphattn.kernels.wgmma)
                 t0 = _opaque_zero()
             else:
                 t0 = 0
             idx_s = _load_indices(idx_row_ptr, start, end, BLOCK_N, idx_layout)
             if KV_FP8:
                 _dequantise_mine(t0, kv_ready, k_raw, k_nope, k_scale_rows, k_rope_bits, k_rope, d_ready)
-            s = _issue_scores(q_nope, q_rope, k_nope, k_rope, kv_ready, t0, (n_tiles < 0).to(gl.int32), s_layout,
+            s = _issue_scores(q_nope, q_rope, k_nope, k_rope, kv_ready, t0, _unknown_zero(n_tiles, 0), s_layout,
                               BLOCK_H, BLOCK_N)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
             m, l, acc = _own_tile(s, idx_s, t0, m, l, acc, k_nope, k_rope, stat_m, p_ready, kv_free, pool,
@@ -333,7 +334,7 @@ def _consumer(smem, bars, q_ptr, kv_ptr, idx_ptr, ws_out_ptr, ws_lse_ptr, out_pt
         # slots that gather then starts a tile later).
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(kv_free.index((t - 1) % 2))
-        s = _issue_scores(q_nope, q_rope, k_nope, k_rope, kv_ready, t, (t + n_tiles < 0).to(gl.int32), s_layout,
+        s = _issue_scores(q_nope, q_rope, k_nope, k_rope, kv_ready, t, _unknown_zero(t, n_tiles), s_layout,
                           BLOCK_H, BLOCK_N)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         m, l, acc = _own_tile(s, idx_s, t, m, l, acc, k_nope, k_rope, stat_m, p_ready, kv_free, pool, qk_scale,
