@@ -38,7 +38,8 @@ _NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpre
 # tiles keep the foldable form, ``OPAQUE=0``: 8 B there, 104 opaque). wgmma_ws's consumer 0 runs its tile 0
 # before its loop with a constant index under 3.6 (hidden there, it spills 284 B) and a hidden
 # one from 3.9 (constant there, the same 268-416 B). Only triton 3.6 and 3.9 were compiled.
-_OPAQUE_ZERO = gl.constexpr(tuple(map(int, re.match(r"(\d+)\.(\d+)", triton.__version__).groups())) >= (3, 9))
+_TRITON = re.match(r"(\d+)\.(\d+)", triton.__version__)  # None for a version string of another form: 3.6's path
+_OPAQUE_ZERO = gl.constexpr(_TRITON is not None and tuple(map(int, _TRITON.groups())) >= (3, 9))
 
 
 @gluon.jit
