@@ -28,7 +28,7 @@ import re
 import sys
 
 # this script's folder is on sys.path; the stamp buffer and the launch are ws_probe's
-from ws_probe import load_module, probe_launch
+from ws_probe import kernel_source, load_module, probe_launch
 
 KERNEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "graphattn", "kernels", "wgmma_rr.py")
 
@@ -105,9 +105,7 @@ def _round_start(base: str, indent: str, clock: int = CLOCK) -> str:
 
 def instrumented_source(consumers: bool = True, producer: bool = True) -> str:
     """wgmma_rr's source with the waits timed (the consumers', the producer's)."""
-    src = open(KERNEL).read()
-    src = src.replace("from .wgmma import", "from graphattn.kernels.wgmma import")
-    src = src.replace("from .wgmma_ws import", "from graphattn.kernels.wgmma_ws import")
+    src = kernel_source(KERNEL)
     src = _insert(src, "\n\n@gluon.jit\ndef _gather_half(", clocks(ROUNDS, SLOTS))
     if consumers:
         src = _consumers(src)
@@ -132,7 +130,8 @@ def _consumers(src: str) -> str:
     # after P0 V (its own is the num_outstanding=1 wait)
     done = "            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))\n"
     assert src.count(done) == 3, f"rr_waits expected 3 P V waits, found {src.count(done)}"
-    for nth, name in ((2, "other's P V"), (1, "other's P V"), (0, "own P V")):  # last first: earlier ones keep their place
+    # the last first, so that the earlier ones keep their place
+    for nth, name in ((2, "other's P V"), (1, "other's P V"), (0, "own P V")):
         src = _wrap(src, done, slot[name], nth=nth)
     return _wrap(src, "            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))\n", slot["own P V"])
 

@@ -63,14 +63,20 @@ NAMES = {20: "producer entry", 21: "c0 q copies issued", 22: "tile 0 issued", 23
          11: "c1 q landed", 12: "c1 tile 1 done", 13: "c1 loop done", 14: "c1 sums merged", 15: "c1 stored"}
 
 
+def kernel_source(kernel: str) -> str:
+    """The source of the kernel module at path ``kernel`` with its relative imports made
+    absolute, so that an instrumented copy imports from anywhere."""
+    src = open(kernel).read().replace("from ..common.kv_layout", "from graphattn.common.kv_layout")
+    for module in ("wgmma", "wgmma_ws", "wgmma_dequant"):
+        src = src.replace(f"from .{module} import", f"from graphattn.kernels.{module} import")
+    return src
+
+
 def instrument(kernel: str, first_def: str, probe: str, before, after) -> str:
-    """``kernel``'s source with ``probe`` put before the function ``first_def`` and each hook's
-    text before (``before``) or after (``after``) its anchor, which must occur exactly once;
-    imports made absolute, so the copy imports from anywhere."""
-    src = open(kernel).read()
-    src = src.replace("from ..common.kv_layout", "from graphattn.common.kv_layout")
-    src = src.replace("from .wgmma import", "from graphattn.kernels.wgmma import")
-    src = src.replace("from .wgmma_ws import", "from graphattn.kernels.wgmma_ws import")
+    """``kernel``'s source (:func:`kernel_source`) with ``probe`` put before the function
+    ``first_def`` and each hook's text before (``before``) or after (``after``) its anchor, which
+    must occur exactly once."""
+    src = kernel_source(kernel)
     head = f"\n\n@gluon.jit\ndef {first_def}("
     assert src.count(head) == 1, f"{first_def} not found once in {kernel}"
     src = src.replace(head, probe + head[1:], 1)

@@ -22,7 +22,7 @@ import sys
 
 # this script's folder is on sys.path
 from rr_waits import _insert, _round_start, _timed, _wrap, clocks, report
-from ws_probe import load_module, probe_launch
+from ws_probe import kernel_source, load_module, probe_launch
 
 KERNEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "graphattn", "kernels", "wgmma_ws.py")
 
@@ -37,9 +37,7 @@ NOWHERE = 1 << 20  # a round index past ROUNDS: the stamps of the loop's last ot
 
 def instrumented_source() -> str:
     """wgmma_ws's source with the waits timed."""
-    src = open(KERNEL).read()
-    for module in ("wgmma", "wgmma_dequant"):
-        src = src.replace(f"from .{module} import", f"from graphattn.kernels.{module} import")
+    src = kernel_source(KERNEL)
     src = _insert(src, "\n\n@gluon.jit\ndef _producer(", clocks(ROUNDS, SLOTS))
     return _producer(_other_tile(_consumers(src)))
 
