@@ -7,9 +7,10 @@ kernel=wgmma_rr,BLOCK_N=128 [--kv-fp8] [--shapes 128x64x2048 ...]`` runs each va
 alternating, each in a fresh process of at most 150 s. A variant is ``base`` (no override) or
 ``KEY=VALUE`` pairs joined by commas (ints where they parse); ``PTX_L2_PREFETCH=128`` or ``256``
 is no launch setting but a PTX rewrite giving the kernels' ``cp.async`` copies that L2 prefetch
-size, ``PTX_EVICT=last`` or ``first`` one giving them that L2 eviction policy, and ``CARVEOUT=100`` gives every compiled kernel that preferred shared-memory carveout
-(percent). ``c_KEY=VALUE`` overrides key ``KEY`` of the combine's launch setting
-(``flashmla_combine``: ``c_PDL=1,c_launch_pdl=1`` makes it a programmatic dependent launch), and
+size, ``PTX_EVICT=last`` or ``first`` one giving them that L2 eviction policy, and
+``CARVEOUT=100`` gives every compiled kernel that preferred shared-memory carveout (percent).
+``c_KEY=VALUE`` overrides key ``KEY`` of the combine's launch setting (``flashmla_combine``:
+``c_PDL=1,c_launch_pdl=1`` makes it a programmatic dependent launch), and
 ``C_SMEM=bytes`` launches every combine with that much dynamic shared memory (at least its own),
 which caps how many of its programs share an SM. ``tn_min_rows_H=ROWS`` is no launch setting
 either: it sets ``TN_MIN_ROWS[H]`` of graphattn.cuda.configs, the rows from which ``H``-head

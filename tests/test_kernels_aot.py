@@ -138,7 +138,8 @@ def test_gluon_split_kernels_spill_little_under_this_triton():
     if not gluon_available():
         pytest.skip("this triton has no Gluon")
     code = ("import json; from graphattn.kernels import aot; "
-            "jobs = [j for j in aot.jobs(['sm90']) if j[4] == 'bf16' and (lambda k, c: " + _SPILL_CASES + ")(j[0], j[2])]; "
+            "cases = lambda k, c: " + _SPILL_CASES + "; "
+            "jobs = [j for j in aot.jobs(['sm90']) if j[4] == 'bf16' and cases(j[0], j[2])]; "
             "print(json.dumps([aot.compile_one(j, usage=True) for j in jobs]))")
     env = dict(os.environ, TRITON_INTERPRET="0")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))

@@ -81,6 +81,11 @@ print(json.dumps(rec))
     assert rec["stamps"] >= len(getattr(probe, "NAMES", None) or probe.BASES), rec
 
 
+def _stamp_lines(src: str) -> list[str]:
+    """The wait probes' stamp stores in an instrumented source (``_put(..., r, slot, value)``)."""
+    return [line.strip() for line in src.splitlines() if line.strip().startswith("_put(ws_out_ptr, out_ptr, DIRECT, r, ")]
+
+
 def test_rr_waits_times_every_wait_of_both_consumers_and_the_producer():
     """rr_waits still finds every wait of wgmma_rr: per round each consumer stamps its start and
     times its two halves, its scores' wgmma, the other's max and P and its P V wgmmas; the
@@ -89,12 +94,13 @@ def test_rr_waits_times_every_wait_of_both_consumers_and_the_producer():
     waits = _load("rr_waits")
     src = waits.instrumented_source()
     compile(src, "rr_waits.py", "exec")
-    puts = [line.strip() for line in src.splitlines() if line.strip().startswith("_put(ws_out_ptr, out_ptr, DIRECT, r, ")]
+    puts = _stamp_lines(src)
     slots = [line.split(", r, ")[1].split(",")[0] for line in puts]
     consumer = {f"WG * 10 + {i}" for i in range(len(waits.CONSUMER))} | {f"WG * 10 + {waits.CLOCK}",
                                                                         f"WG * 10 + {waits.TIMER}"}
     base = waits.BASES["producer"]
-    producer = {str(base + i) for i in range(len(waits.PRODUCER))} | {f"{base} + {waits.CLOCK}", f"{base} + {waits.TIMER}"}
+    producer = ({str(base + i) for i in range(len(waits.PRODUCER))}
+                | {f"{base} + {waits.CLOCK}", f"{base} + {waits.TIMER}"})
     assert set(slots) == consumer | producer, sorted(set(slots) ^ (consumer | producer))
     # consumers: 2 stamps + 4 halves + scores + 4 exchanges + 4 P V waits; producer: 2 + 2 paths x 4 x 2
     assert len(puts) == 15 + 18, len(puts)
@@ -112,7 +118,7 @@ def test_ws_waits_times_each_step_of_a_pair_of_tiles():
     waits = _load("ws_waits")
     src = waits.instrumented_source()
     compile(src, "ws_waits.py", "exec")
-    puts = [line.strip() for line in src.splitlines() if line.strip().startswith("_put(ws_out_ptr, out_ptr, DIRECT, r, ")]
+    puts = _stamp_lines(src)
     slots = {line.split(", r, ")[1].rsplit(", ", 1)[0] for line in puts}
     consumer = {f"WG * 12 + {i}" for i in range(len(waits.CONSUMER) + 2)}
     producer = {"24 + j % 2", "26 + j % 2", f"24 + {waits.CLOCK}", f"24 + {waits.CLOCK + 1}"}

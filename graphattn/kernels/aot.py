@@ -40,7 +40,8 @@ KERNELS = {
     "flashmla_wgmma_tn": ("graphattn.kernels.wgmma_tn", "_flashmla_tn_kernel", "flashmla"),
     "flashmla_wgmma_rr": ("graphattn.kernels.wgmma_rr", "_flashmla_rr_kernel", "flashmla"),
     "flashmla_combine": ("graphattn.kernels.flashmla", "_flashmla_combine_kernel", "flashmla_combine"),
-    "flashmla_combine_native": ("graphattn.kernels.wgmma_combine", "_flashmla_combine_native_kernel", "flashmla_combine"),
+    "flashmla_combine_native": ("graphattn.kernels.wgmma_combine", "_flashmla_combine_native_kernel",
+                                "flashmla_combine"),
     "trtllm": ("graphattn.kernels.trtllm", "_trtllm_kernel", "trtllm"),
     "mega": ("graphattn.kernels.mega", "_mega_kernel", "mega"),
 }

@@ -160,7 +160,8 @@ RING_KERNELS = ("wgmma_tn",)
 # gathers in place (wgmma_tn's FP8 ring and raw halves were measured slower with it; the raw tile
 # replaced the halves).
 IDX_EARLY_KERNELS = ("wgmma_rr", "wgmma_tn")
-NATIVE_COMBINE = ("wgmma_combine", "_flashmla_combine_native_kernel")  # Gluon, reads what wgmma_ws._store_partial stores
+# Gluon, reading what wgmma_ws._store_partial stores
+NATIVE_COMBINE = ("wgmma_combine", "_flashmla_combine_native_kernel")
 
 
 def _split_kernel(q, kv, topk):

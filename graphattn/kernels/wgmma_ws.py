@@ -33,11 +33,11 @@ uint8), its 4 float32 scales into a small ring of their own and its bf16 rope in
 tile, all by ``cp.async`` on the same ``ready`` barrier. The tile is dequantised in place,
 ``dtype(float32(fp8) * scale)`` (:func:`~graphattn.kernels.wgmma_dequant._dequantise_rows`: the
 values of block ``b`` overwrite bytes of their own token already read), by both consumers at
-once: the owner its first 32
-tokens while the other's ``P V`` runs, the other consumer the last 32 before it waits for the
-owner's ``P`` (it is idle then), saying so on the slot's ``d_ready`` barrier; the schedule is
-then the bf16 one: FP8 KV means the products of a cache dequantised to q's dtype. Dequantising in the
-producer measured 1.34x slower (its 40 registers leave it no overlap: docs/benchmarks.md).
+once: the owner its first 32 tokens while the other's ``P V`` runs, the other consumer the last
+32 before it waits for the owner's ``P`` (it is idle then), saying so on the slot's ``d_ready``
+barrier; the schedule is then the bf16 one: FP8 KV means the products of a cache dequantised to
+q's dtype. Dequantising in the producer measured 1.34x slower (its 40 registers leave it no
+overlap: docs/benchmarks.md).
 
 Outputs and conventions are those of ``_flashmla_split_kernel`` (graphattn.kernels.flashmla): a
 normalised partial (or the final ``out``/``lse`` with ``DIRECT``), scores in base 2, an index
